@@ -1,0 +1,226 @@
+//! The idempotency record: what a store keeps for one (scope, operation, key).
+
+use std::time::Duration;
+
+use crate::fingerprint::Fingerprint;
+use crate::scope::RecordId;
+use crate::time::Timestamp;
+
+/// Where a record is in its life (DESIGN.md section 2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Status {
+    /// Claimed; an executor holds the lease and is running the operation.
+    InProgress,
+    /// The operation finished and its response is stored for replay.
+    Completed,
+    /// The operation began and failed deterministically (a 4xx); its
+    /// response is replayed like a success.
+    Failed,
+}
+
+impl Status {
+    /// The stored name: `in_progress`, `completed`, `failed`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::InProgress => "in_progress",
+            Status::Completed => "completed",
+            Status::Failed => "failed",
+        }
+    }
+
+    /// Parses a stored name.
+    pub fn from_name(name: &str) -> Option<Status> {
+        match name {
+            "in_progress" => Some(Status::InProgress),
+            "completed" => Some(Status::Completed),
+            "failed" => Some(Status::Failed),
+            _ => None,
+        }
+    }
+
+    /// A small integer for compact storage: 0, 1, 2.
+    pub fn code(self) -> i64 {
+        match self {
+            Status::InProgress => 0,
+            Status::Completed => 1,
+            Status::Failed => 2,
+        }
+    }
+
+    /// The inverse of [`Status::code`].
+    pub fn from_code(code: i64) -> Option<Status> {
+        match code {
+            0 => Some(Status::InProgress),
+            1 => Some(Status::Completed),
+            2 => Some(Status::Failed),
+            _ => None,
+        }
+    }
+}
+
+/// The fencing token of one execution. Every claim and takeover gets a
+/// larger one, and only the holder of the current fence may complete or
+/// release the record, so an executor that lost its lease cannot overwrite
+/// the work of the one that took over.
+///
+/// Stores draw fences from one counter per store, not per record, so a
+/// fence is never reused even after a record is released or purged and
+/// the key claimed again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Fence(u64);
+
+impl Fence {
+    /// A fence from its stored value.
+    pub const fn new(value: u64) -> Fence {
+        Fence(value)
+    }
+
+    /// The stored value.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+}
+
+/// A response kept for replay: status, allowlisted headers and body.
+///
+/// Core knows no HTTP; the HTTP layer decides which headers go in.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct StoredResponse {
+    /// The status code.
+    pub status: u16,
+    /// Header names (lower case) and values, in order.
+    pub headers: Vec<(String, Vec<u8>)>,
+    /// The body.
+    pub body: Vec<u8>,
+}
+
+/// A stored header block that does not decode.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("stored response headers are corrupt")]
+pub struct HeaderDecodeError;
+
+impl StoredResponse {
+    /// Encodes the headers as one byte string, for stores that keep them in
+    /// a single column: for each header, a u16 name length, the name, a u32
+    /// value length and the value, all big-endian.
+    pub fn encode_headers(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (name, value) in &self.headers {
+            let n = name.as_bytes();
+            out.extend_from_slice(&u16::try_from(n.len()).unwrap_or(u16::MAX).to_be_bytes());
+            out.extend_from_slice(&n[..n.len().min(usize::from(u16::MAX))]);
+            let vlen = u32::try_from(value.len()).unwrap_or(u32::MAX);
+            out.extend_from_slice(&vlen.to_be_bytes());
+            out.extend_from_slice(&value[..value.len().min(vlen as usize)]);
+        }
+        out
+    }
+
+    /// Decodes what [`StoredResponse::encode_headers`] wrote.
+    ///
+    /// # Errors
+    /// [`HeaderDecodeError`] if the bytes are truncated or a name is not UTF-8.
+    pub fn decode_headers(mut bytes: &[u8]) -> Result<Vec<(String, Vec<u8>)>, HeaderDecodeError> {
+        fn take<'a>(bytes: &mut &'a [u8], n: usize) -> Result<&'a [u8], HeaderDecodeError> {
+            if bytes.len() < n {
+                return Err(HeaderDecodeError);
+            }
+            let (head, tail) = bytes.split_at(n);
+            *bytes = tail;
+            Ok(head)
+        }
+        let mut headers = Vec::new();
+        while !bytes.is_empty() {
+            let nlen = u16::from_be_bytes(
+                take(&mut bytes, 2)?
+                    .try_into()
+                    .map_err(|_| HeaderDecodeError)?,
+            );
+            let name = std::str::from_utf8(take(&mut bytes, usize::from(nlen))?)
+                .map_err(|_| HeaderDecodeError)?
+                .to_owned();
+            let vlen = u32::from_be_bytes(
+                take(&mut bytes, 4)?
+                    .try_into()
+                    .map_err(|_| HeaderDecodeError)?,
+            );
+            let value = take(&mut bytes, vlen as usize)?.to_vec();
+            headers.push((name, value));
+        }
+        Ok(headers)
+    }
+}
+
+/// One idempotency record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// (scope, operation, key).
+    pub id: RecordId,
+    /// The hash of the parameters the key was first used with.
+    pub fingerprint: Fingerprint,
+    /// Where the record is in its life.
+    pub status: Status,
+    /// The stored response, once completed or failed.
+    pub response: Option<StoredResponse>,
+    /// The id of what the operation created, for reconciliation.
+    pub resource_id: Option<String>,
+    /// When the current execution claimed the key.
+    pub created_at: Timestamp,
+    /// Until when the executor's lease runs; `None` once finished.
+    pub lease_until: Option<Timestamp>,
+    /// The current execution's fencing token.
+    pub fence: Fence,
+    /// When the record stops counting: after this, a claim executes again.
+    pub expires_at: Timestamp,
+}
+
+impl Record {
+    /// Whether the record still counts at `now`.
+    pub fn is_live(&self, now: Timestamp) -> bool {
+        now < self.expires_at
+    }
+
+    /// Whether an executor's lease is running at `now`.
+    pub fn lease_is_live(&self, now: Timestamp) -> bool {
+        self.status == Status::InProgress && self.lease_until.is_some_and(|l| now < l)
+    }
+
+    /// How much longer the record counts, from `now`.
+    pub fn remaining(&self, now: Timestamp) -> Duration {
+        self.expires_at.saturating_since(now)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_codec_round_trips_and_refuses_truncation() {
+        let r = StoredResponse {
+            status: 201,
+            headers: vec![
+                ("content-type".into(), b"application/json".to_vec()),
+                ("location".into(), b"/transfers/7".to_vec()),
+                ("etag".into(), vec![]),
+            ],
+            body: b"{}".to_vec(),
+        };
+        let enc = r.encode_headers();
+        assert_eq!(StoredResponse::decode_headers(&enc).unwrap(), r.headers);
+        assert_eq!(
+            StoredResponse::decode_headers(&enc[..enc.len() - 1]),
+            Err(HeaderDecodeError)
+        );
+        assert_eq!(StoredResponse::decode_headers(&[]).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn status_names_and_codes_round_trip() {
+        for s in [Status::InProgress, Status::Completed, Status::Failed] {
+            assert_eq!(Status::from_name(s.as_str()), Some(s));
+            assert_eq!(Status::from_code(s.code()), Some(s));
+        }
+        assert_eq!(Status::from_code(9), None);
+    }
+}

@@ -1,0 +1,339 @@
+//! The `Store` trait: the five atomic operations every backend provides.
+//!
+//! A store is a map from [`RecordId`] to [`Record`] whose operations follow
+//! the state machine of DESIGN.md section 2. Each operation must be atomic
+//! in the backend (one transaction, one script, one locked section), and a
+//! completion must be durable before the store answers: the HTTP layer sends
+//! the response right after, and a record lost in a crash means a duplicate
+//! execution on retry.
+//!
+//! The decisions themselves (what a claim on a given record answers, whether
+//! a fence may complete) live in [`transition`](crate::transition), so that a
+//! store written in Rust only has to load and save records atomically.
+//! Stores that decide inside the backend (SQL, Lua) must agree with it; the
+//! conformance suite in [`testkit`](crate::testkit) checks that they do.
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::fingerprint::Fingerprint;
+use crate::record::{Fence, Record, Status, StoredResponse};
+use crate::scope::RecordId;
+use crate::time::Timestamp;
+
+/// A boxed future, so that `Store` can be used as `dyn Store`.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A request to claim a key.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest {
+    /// The record to claim.
+    pub id: RecordId,
+    /// The parameters' fingerprint.
+    pub fingerprint: Fingerprint,
+    /// The caller's clock.
+    pub now: Timestamp,
+    /// How long the executor's lease runs.
+    pub lease: Duration,
+    /// How long the record counts.
+    pub ttl: Duration,
+}
+
+/// The answer to a claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// The caller holds the key and must execute, then complete or release
+    /// with the lease's fence.
+    Acquired(Lease),
+    /// Another executor holds a live lease on the same parameters.
+    InFlight {
+        /// When that lease runs out (a takeover becomes possible then).
+        lease_until: Timestamp,
+        /// When the record expires.
+        expires_at: Timestamp,
+    },
+    /// The operation already finished: answer with the stored response.
+    Replay(Box<Record>),
+    /// A live record exists for different parameters: refuse (422).
+    Mismatch {
+        /// When the record expires.
+        expires_at: Timestamp,
+    },
+}
+
+/// The right to execute, held by the caller that got [`Claim::Acquired`].
+///
+/// Dropping a lease does nothing in the store: the record stays in progress
+/// until its holder completes or releases it, or until the lease runs out
+/// and another claim takes it over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    /// The fence to complete or release with.
+    pub fence: Fence,
+    /// Until when no one else may take over.
+    pub lease_until: Timestamp,
+    /// When the record expires.
+    pub expires_at: Timestamp,
+    /// Whether this claim took over an abandoned execution.
+    pub takeover: bool,
+}
+
+/// The result an executor stores.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completion {
+    status: Status,
+    /// The response to replay.
+    pub response: StoredResponse,
+    /// The id of what the operation created, for reconciliation.
+    pub resource_id: Option<String>,
+}
+
+impl Completion {
+    /// A success: stored as `completed`.
+    pub fn completed(response: StoredResponse) -> Completion {
+        Completion {
+            status: Status::Completed,
+            response,
+            resource_id: None,
+        }
+    }
+
+    /// A deterministic failure: stored as `failed` and replayed.
+    pub fn failed(response: StoredResponse) -> Completion {
+        Completion {
+            status: Status::Failed,
+            response,
+            resource_id: None,
+        }
+    }
+
+    /// Adds the resource id.
+    pub fn with_resource_id(mut self, id: impl Into<String>) -> Completion {
+        self.resource_id = Some(id.into());
+        self
+    }
+
+    /// `Completed` or `Failed`.
+    pub fn status(&self) -> Status {
+        self.status
+    }
+}
+
+/// Whether a complete or release took effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum Settled {
+    /// The record was updated.
+    Applied,
+    /// The fence is not the record's current one (taken over, released,
+    /// expired and reclaimed, or already finished): nothing changed.
+    StaleFence,
+}
+
+/// The store operations. Every method is atomic in the backend.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_core::{Claim, ClaimRequest, Completion, Fingerprint, FieldSelection, Key,
+///     MemoryStore, Operation, RecordId, Scope, Store, StoredResponse, Timestamp};
+///
+/// # tokio_test_block_on(async {
+/// let store = MemoryStore::new();
+/// let op = Operation::new("POST", "/transfers");
+/// let req = ClaimRequest {
+///     id: RecordId::new(Scope::anonymous(), op.clone(), Key::new("k-0001-0002-0003").unwrap()),
+///     fingerprint: Fingerprint::compute(&op, None, b"amount=5", &FieldSelection::Whole),
+///     now: Timestamp::now(),
+///     lease: Duration::from_secs(30),
+///     ttl: Duration::from_secs(86_400),
+/// };
+/// let Claim::Acquired(lease) = store.claim(&req).await.unwrap() else { panic!() };
+/// let response = StoredResponse { status: 201, headers: vec![], body: b"ok".to_vec() };
+/// let _ = store.complete(&req.id, lease.fence, Completion::completed(response), req.now).await.unwrap();
+/// assert!(matches!(store.claim(&req).await.unwrap(), Claim::Replay(_)));
+/// # });
+/// # fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
+/// #     tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
+/// # }
+/// ```
+pub trait Store: Send + Sync + 'static {
+    /// Claims a key (DESIGN.md section 2, the `claim` rows).
+    ///
+    /// # Errors
+    /// [`StoreError`] when the backend cannot answer; the caller must not
+    /// execute (fail closed).
+    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>>;
+
+    /// Stores the result of the execution holding `fence`.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the backend cannot answer. A stale fence is not an
+    /// error: it answers [`Settled::StaleFence`].
+    fn complete<'a>(
+        &'a self,
+        id: &'a RecordId,
+        fence: Fence,
+        completion: Completion,
+        now: Timestamp,
+    ) -> BoxFuture<'a, Result<Settled, StoreError>>;
+
+    /// Deletes the claim held by `fence`, so the next claim executes again.
+    ///
+    /// # Errors
+    /// As [`Store::complete`].
+    fn release<'a>(
+        &'a self,
+        id: &'a RecordId,
+        fence: Fence,
+        now: Timestamp,
+    ) -> BoxFuture<'a, Result<Settled, StoreError>>;
+
+    /// Reads a live record; `None` if absent or expired at `now`.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the backend cannot answer.
+    fn get<'a>(
+        &'a self,
+        id: &'a RecordId,
+        now: Timestamp,
+    ) -> BoxFuture<'a, Result<Option<Record>, StoreError>>;
+
+    /// Deletes up to `limit` records expired at `now`; answers how many.
+    /// Call it again until it answers less than `limit`.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the backend cannot answer.
+    fn purge_expired(
+        &self,
+        now: Timestamp,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<usize, StoreError>>;
+}
+
+impl<S: Store + ?Sized> Store for Arc<S> {
+    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>> {
+        (**self).claim(req)
+    }
+    fn complete<'a>(
+        &'a self,
+        id: &'a RecordId,
+        fence: Fence,
+        completion: Completion,
+        now: Timestamp,
+    ) -> BoxFuture<'a, Result<Settled, StoreError>> {
+        (**self).complete(id, fence, completion, now)
+    }
+    fn release<'a>(
+        &'a self,
+        id: &'a RecordId,
+        fence: Fence,
+        now: Timestamp,
+    ) -> BoxFuture<'a, Result<Settled, StoreError>> {
+        (**self).release(id, fence, now)
+    }
+    fn get<'a>(
+        &'a self,
+        id: &'a RecordId,
+        now: Timestamp,
+    ) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
+        (**self).get(id, now)
+    }
+    fn purge_expired(
+        &self,
+        now: Timestamp,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<usize, StoreError>> {
+        (**self).purge_expired(now, limit)
+    }
+}
+
+/// What went wrong in a store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreErrorKind {
+    /// The backend did not answer (down, unreachable, timed out, pool
+    /// exhausted). Transient: the HTTP layer answers 503 with `Retry-After`.
+    Unavailable,
+    /// A stored value could not be decoded.
+    Corrupt,
+    /// The store could not be opened or set up (bad path, not a store,
+    /// read-only, newer schema).
+    Setup,
+    /// Anything else the backend reported.
+    Backend,
+}
+
+/// A store failure. The caller must not execute without a claim.
+pub struct StoreError {
+    inner: Box<Inner>,
+}
+
+struct Inner {
+    kind: StoreErrorKind,
+    message: String,
+    source: Option<Box<dyn StdError + Send + Sync>>,
+}
+
+impl StoreError {
+    /// A new error of `kind`.
+    pub fn new(kind: StoreErrorKind, message: impl Into<String>) -> StoreError {
+        StoreError {
+            inner: Box::new(Inner {
+                kind,
+                message: message.into(),
+                source: None,
+            }),
+        }
+    }
+
+    /// Attaches the underlying error.
+    pub fn with_source(mut self, source: impl StdError + Send + Sync + 'static) -> StoreError {
+        self.inner.source = Some(Box::new(source));
+        self
+    }
+
+    /// What kind of failure this is.
+    pub fn kind(&self) -> StoreErrorKind {
+        self.inner.kind
+    }
+
+    /// Whether the backend was unreachable (503 material).
+    pub fn is_unavailable(&self) -> bool {
+        self.inner.kind == StoreErrorKind::Unavailable
+    }
+}
+
+impl fmt::Debug for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoreError")
+            .field("kind", &self.inner.kind)
+            .field("message", &self.inner.message)
+            .field("source", &self.inner.source)
+            .finish()
+    }
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.inner.message)?;
+        if let Some(source) = &self.inner.source {
+            write!(f, ": {source}")?;
+        }
+        Ok(())
+    }
+}
+
+impl StdError for StoreError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.inner
+            .source
+            .as_deref()
+            .map(|e| e as &(dyn StdError + 'static))
+    }
+}

@@ -1,0 +1,148 @@
+//! The store conformance suite: one set of checks every [`Store`] must pass.
+//!
+//! A store crate runs all of it with one macro line in a test module:
+//!
+//! ```ignore
+//! idem_core::conformance_tests!(async { MyStore::connect(&url).await.unwrap() });
+//! ```
+//!
+//! The expression is evaluated once per test and must give a store of its
+//! own (a fresh file, schema or key prefix), so tests run in parallel and a
+//! purge in one never sees another's records. Each check is also a public
+//! function, for stores that want to call them one by one.
+//!
+//! The suite checks every transition of DESIGN.md section 2, fencing,
+//! takeover, expiry, bounded purge, a 64-task race on one key, and a
+//! property test that runs random operation sequences against a simple
+//! model of the contract and compares every answer.
+
+#![allow(clippy::unwrap_used)] // test support: a panic is how a check fails
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::{
+    ClaimRequest, FieldSelection, Fingerprint, Key, Operation, RecordId, Scope, StoredResponse,
+    Timestamp,
+};
+
+mod checks;
+mod model;
+
+pub use checks::*;
+pub use model::{model_check, model_check_with};
+
+/// The lease the suite claims with.
+pub const LEASE: Duration = Duration::from_secs(30);
+/// The ttl the suite claims with.
+pub const TTL: Duration = Duration::from_secs(3600);
+
+/// A fixed starting time, so that tests read the same on every run.
+pub fn t0() -> Timestamp {
+    Timestamp::from_millis(1_800_000_000_000)
+}
+
+/// A record id in a scope no other test uses.
+pub fn unique_id(key: &str) -> RecordId {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let scope = Scope::from_raw(format!(
+        "testkit-{}-{}-{n}",
+        std::process::id(),
+        Timestamp::now().as_millis()
+    ));
+    let key = Key::new(key).unwrap_or_else(|e| panic!("test key {key:?}: {e}"));
+    RecordId::new(scope, Operation::new("POST", "/testkit"), key)
+}
+
+/// The fingerprint of a body under the suite's operation.
+pub fn fingerprint(body: &str) -> Fingerprint {
+    Fingerprint::compute(
+        &Operation::new("POST", "/testkit"),
+        Some("application/json"),
+        body.as_bytes(),
+        &FieldSelection::Whole,
+    )
+}
+
+/// A claim request at `now` with the suite's lease and ttl.
+pub fn request(id: &RecordId, body: &str, now: Timestamp) -> ClaimRequest {
+    ClaimRequest {
+        id: id.clone(),
+        fingerprint: fingerprint(body),
+        now,
+        lease: LEASE,
+        ttl: TTL,
+    }
+}
+
+/// A response with a header value that is not UTF-8 and a binary body, so
+/// that stores prove they keep bytes as bytes.
+pub fn response(status: u16, tag: &str) -> StoredResponse {
+    StoredResponse {
+        status,
+        headers: vec![
+            ("content-type".into(), b"application/json".to_vec()),
+            ("x-tag".into(), tag.as_bytes().to_vec()),
+            ("x-raw".into(), vec![0xff, 0x00, 0x7f]),
+        ],
+        body: [tag.as_bytes(), &[0u8, 0xfe]].concat(),
+    }
+}
+
+/// Generates one `#[test]` per conformance check for the store that `$make`
+/// (an `async` block) builds. Needs `tokio` with the `macros` and
+/// `rt-multi-thread` features in the calling crate's dev-dependencies.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($make:expr) => {
+        $crate::conformance_tests!(@each $make;
+            claim_absent_acquires,
+            duplicate_claim_is_in_flight,
+            other_fingerprint_is_a_mismatch_in_every_state,
+            completed_is_replayed,
+            failed_is_replayed,
+            release_lets_the_next_claim_execute,
+            lease_takeover_fences_out_the_old_executor,
+            stale_fences_change_nothing,
+            expired_records_execute_again,
+            purge_deletes_only_expired_in_bounded_batches,
+        );
+
+        #[test]
+        fn conformance_race_64_tasks_one_key() {
+            let rt = $crate::testkit::runtime();
+            rt.block_on(async {
+                let store = ::std::sync::Arc::new($make.await);
+                $crate::testkit::race_one_key(store, 64).await;
+            });
+        }
+
+        #[test]
+        fn conformance_model_check() {
+            let rt = $crate::testkit::runtime();
+            $crate::testkit::model_check(&rt, || rt.block_on($make));
+        }
+    };
+    (@each $make:expr; $($check:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $check() {
+                let rt = $crate::testkit::runtime();
+                rt.block_on(async {
+                    let store = $make.await;
+                    $crate::testkit::$check(&store).await;
+                });
+            }
+        )*
+    };
+}
+
+/// A multi-threaded runtime for the suite's tests.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("tokio runtime: {e}"))
+}
