@@ -22,8 +22,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::{
-    ClaimRequest, FieldSelection, Fingerprint, Key, Operation, RecordId, Scope, StoredResponse,
-    Timestamp,
+    ClaimRequest, FieldSelection, Fingerprint, Key, Operation, RecordId, Scope, Store,
+    StoredResponse, Timestamp,
 };
 
 mod checks;
@@ -145,4 +145,72 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .unwrap_or_else(|e| panic!("tokio runtime: {e}"))
+}
+
+/// A store together with whatever must live as long as it (a temporary
+/// directory, a schema to drop). Dropped after the store.
+pub struct Guarded<S> {
+    store: S,
+    _guard: Box<dyn Send + Sync>,
+}
+
+impl<S> std::fmt::Debug for Guarded<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Guarded")
+    }
+}
+
+impl<S: Store> Guarded<S> {
+    /// Keeps `guard` alive for as long as `store`.
+    pub fn new(store: S, guard: impl Send + Sync + 'static) -> Guarded<S> {
+        Guarded {
+            store,
+            _guard: Box::new(guard),
+        }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+}
+
+impl<S: Store> Store for Guarded<S> {
+    fn claim<'a>(
+        &'a self,
+        req: &'a ClaimRequest,
+    ) -> crate::BoxFuture<'a, Result<crate::Claim, crate::StoreError>> {
+        self.store.claim(req)
+    }
+    fn complete<'a>(
+        &'a self,
+        id: &'a RecordId,
+        fence: crate::Fence,
+        completion: crate::Completion,
+        now: Timestamp,
+    ) -> crate::BoxFuture<'a, Result<crate::Settled, crate::StoreError>> {
+        self.store.complete(id, fence, completion, now)
+    }
+    fn release<'a>(
+        &'a self,
+        id: &'a RecordId,
+        fence: crate::Fence,
+        now: Timestamp,
+    ) -> crate::BoxFuture<'a, Result<crate::Settled, crate::StoreError>> {
+        self.store.release(id, fence, now)
+    }
+    fn get<'a>(
+        &'a self,
+        id: &'a RecordId,
+        now: Timestamp,
+    ) -> crate::BoxFuture<'a, Result<Option<crate::Record>, crate::StoreError>> {
+        self.store.get(id, now)
+    }
+    fn purge_expired(
+        &self,
+        now: Timestamp,
+        limit: usize,
+    ) -> crate::BoxFuture<'_, Result<usize, crate::StoreError>> {
+        self.store.purge_expired(now, limit)
+    }
 }

@@ -1,0 +1,311 @@
+//! The embedded default store of idem: one SQLite file, durable and fast.
+//!
+//! ```no_run
+//! use idem_sqlite::SqliteStore;
+//!
+//! # fn main() -> Result<(), idem_core::StoreError> {
+//! let store = SqliteStore::open("idem.db")?;
+//! // `store` implements `idem_core::Store`; share it behind an `Arc`
+//! // or clone it (clones share one writer).
+//! # Ok(()) }
+//! ```
+//!
+//! # Why one writer thread
+//!
+//! SQLite allows one writer at a time, and with `synchronous=FULL` every
+//! commit waits for an fsync. A store that committed each claim on its own
+//! would top out at the disk's fsync rate, a few hundred per second on
+//! ordinary hardware. Here every write goes to one thread that runs all the
+//! operations queued at that moment in one transaction (group commit), and
+//! answers each caller only once that transaction is on disk. Durability is
+//! the same as one commit per operation: a completed record is never
+//! reported before it is durable. Speed comes from sharing the fsync, not
+//! from weakening it. See BENCHMARKS.md for the figures.
+//!
+//! Reads ([`Store::get`]) use their own connections (WAL lets readers run
+//! beside the writer) on tokio's blocking pool, so they never wait behind a
+//! batch.
+//!
+//! # Behavior
+//!
+//! - The file is created with its schema on first open, and marked as an
+//!   idem store (`PRAGMA application_id`, `user_version`). Opening another
+//!   kind of SQLite file, a file that is not SQLite, a read-only file, or a
+//!   store with a newer schema fails with [`StoreErrorKind::Setup`] and a
+//!   message naming the file and the reason.
+//! - The store's methods must be called from inside a tokio runtime (reads
+//!   use `spawn_blocking`).
+//! - Dropping the last clone of a store lets the writer finish the queued
+//!   work, then closes the file.
+//! - Busy and I/O failures are [`StoreErrorKind::Unavailable`]: the HTTP
+//!   layer answers 503 and runs nothing.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use idem_core::{
+    BoxFuture, Claim, ClaimRequest, Completion, Fence, Record, RecordId, Settled, Store,
+    StoreError, StoreErrorKind, Timestamp,
+};
+use rusqlite::{Connection, OptionalExtension, params};
+use tokio::sync::oneshot;
+
+mod row;
+mod schema;
+mod writer;
+
+use writer::{Job, Writer};
+
+/// SQLite's `synchronous` setting for the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Synchronous {
+    /// Every commit is on disk before the store answers. The default, and the
+    /// only setting that keeps the contract's durability promise across a
+    /// power loss.
+    #[default]
+    Full,
+    /// WAL commits survive a process crash but not a power loss. For tests
+    /// and benchmarks that want to see the difference.
+    Normal,
+}
+
+impl Synchronous {
+    fn pragma(self) -> &'static str {
+        match self {
+            Synchronous::Full => "FULL",
+            Synchronous::Normal => "NORMAL",
+        }
+    }
+}
+
+/// Options for opening a store.
+#[derive(Debug, Clone)]
+pub struct SqliteStoreBuilder {
+    path: PathBuf,
+    synchronous: Synchronous,
+    max_batch: usize,
+    readers: usize,
+}
+
+impl SqliteStoreBuilder {
+    /// `synchronous`. Default [`Synchronous::Full`].
+    pub fn synchronous(mut self, s: Synchronous) -> Self {
+        self.synchronous = s;
+        self
+    }
+
+    /// The most operations one transaction holds. Default 1024.
+    pub fn max_batch(mut self, n: usize) -> Self {
+        self.max_batch = n.max(1);
+        self
+    }
+
+    /// How many idle read connections are kept. Default 4.
+    pub fn readers(mut self, n: usize) -> Self {
+        self.readers = n.max(1);
+        self
+    }
+
+    /// Opens (or creates) the store and starts its writer thread.
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::Setup`] when the file cannot be opened or created,
+    /// is not an idem store, is read-only, or has a newer schema.
+    pub fn open(self) -> Result<SqliteStore, StoreError> {
+        let conn = schema::open_writer(&self.path, self.synchronous)?;
+        let writer = Writer::new(conn, self.max_batch)?;
+        // One reader up front proves the file can be read by others.
+        let first_reader = schema::open_reader(&self.path)?;
+        let (tx, rx) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("idem-sqlite-writer".into())
+            .spawn(move || writer.run(rx))
+            .map_err(|e| {
+                StoreError::new(
+                    StoreErrorKind::Setup,
+                    "sqlite store: cannot start the writer thread",
+                )
+                .with_source(e)
+            })?;
+        Ok(SqliteStore {
+            inner: Arc::new(Inner {
+                jobs: Some(tx),
+                thread: Some(thread),
+                readers: Mutex::new(vec![first_reader]),
+                max_readers: self.readers,
+                path: self.path,
+            }),
+        })
+    }
+}
+
+/// The SQLite store. Clones share one file, one writer and one reader pool.
+#[derive(Clone)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    jobs: Option<Sender<Job>>,
+    thread: Option<JoinHandle<()>>,
+    readers: Mutex<Vec<Connection>>,
+    max_readers: usize,
+    path: PathBuf,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Closing the channel ends the writer once the queue is done.
+        drop(self.jobs.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("path", &self.inner.path)
+            .finish_non_exhaustive()
+    }
+}
+
+fn writer_gone() -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Unavailable,
+        "sqlite store: the writer thread has stopped",
+    )
+}
+
+impl SqliteStore {
+    /// Opens (or creates) a store at `path` with the default options.
+    ///
+    /// # Errors
+    /// As [`SqliteStoreBuilder::open`].
+    pub fn open(path: impl AsRef<Path>) -> Result<SqliteStore, StoreError> {
+        SqliteStore::builder(path).open()
+    }
+
+    /// Options for opening a store at `path`.
+    pub fn builder(path: impl AsRef<Path>) -> SqliteStoreBuilder {
+        SqliteStoreBuilder {
+            path: path.as_ref().to_owned(),
+            synchronous: Synchronous::Full,
+            max_batch: 1024,
+            readers: 4,
+        }
+    }
+
+    /// The file this store keeps its records in.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    async fn submit<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> Job,
+    ) -> Result<T, StoreError> {
+        let (tx, rx) = oneshot::channel();
+        let jobs = self.inner.jobs.as_ref().ok_or_else(writer_gone)?;
+        jobs.send(make(tx)).map_err(|_| writer_gone())?;
+        rx.await.map_err(|_| writer_gone())?
+    }
+
+    /// Runs `f` on a read connection from the pool, off the async threads.
+    async fn read<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || {
+            let pooled = inner
+                .readers
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .pop();
+            let conn = match pooled {
+                Some(c) => c,
+                None => schema::open_reader(&inner.path)?,
+            };
+            let result = f(&conn);
+            let mut pool = inner
+                .readers
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if pool.len() < inner.max_readers {
+                pool.push(conn);
+            }
+            result
+        })
+        .await
+        .map_err(|e| {
+            StoreError::new(StoreErrorKind::Backend, "sqlite store: read task failed")
+                .with_source(e)
+        })?
+    }
+}
+
+impl Store for SqliteStore {
+    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>> {
+        Box::pin(self.submit(|tx| Job::Claim(req.clone(), tx)))
+    }
+
+    fn complete<'a>(
+        &'a self,
+        id: &'a RecordId,
+        fence: Fence,
+        completion: Completion,
+        _now: Timestamp,
+    ) -> BoxFuture<'a, Result<Settled, StoreError>> {
+        Box::pin(self.submit(move |tx| Job::Complete(id.clone(), fence, completion, tx)))
+    }
+
+    fn release<'a>(
+        &'a self,
+        id: &'a RecordId,
+        fence: Fence,
+        _now: Timestamp,
+    ) -> BoxFuture<'a, Result<Settled, StoreError>> {
+        Box::pin(self.submit(move |tx| Job::Release(id.clone(), fence, tx)))
+    }
+
+    fn get<'a>(
+        &'a self,
+        id: &'a RecordId,
+        now: Timestamp,
+    ) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
+        let id = id.clone();
+        Box::pin(self.read(move |conn| {
+            let rec = conn
+                .prepare_cached(&format!(
+                    "SELECT {} FROM idem_records WHERE scope = ?1 AND operation = ?2 AND key = ?3",
+                    row::COLUMNS
+                ))
+                .and_then(|mut s| {
+                    s.query_row(
+                        params![id.scope.as_str(), id.operation.as_str(), id.key.as_str()],
+                        |r| row::record_from_row(&id, r),
+                    )
+                    .optional()
+                })
+                .map_err(|e| row::store_error("reading a record", e))?;
+            Ok(rec.filter(|r| r.is_live(now)))
+        }))
+    }
+
+    fn purge_expired(
+        &self,
+        now: Timestamp,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<usize, StoreError>> {
+        Box::pin(self.submit(move |tx| Job::Purge(now, limit, tx)))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,153 @@
+//! Opening a database file as a store: checks, pragmas, schema.
+//!
+//! A store file is marked with `PRAGMA application_id` and versioned with
+//! `PRAGMA user_version`, so that opening some other SQLite file, or a file
+//! written by a newer idem, fails with a clear error instead of writing into
+//! it.
+
+use std::path::Path;
+
+use idem_core::{StoreError, StoreErrorKind};
+use rusqlite::{Connection, OpenFlags};
+
+use crate::Synchronous;
+
+/// "idem" in ASCII.
+const APPLICATION_ID: i64 = 0x6964_656d;
+/// The schema this code writes.
+pub(crate) const SCHEMA_VERSION: i64 = 1;
+
+const SCHEMA_V1: &str = "
+CREATE TABLE idem_records (
+    scope            TEXT    NOT NULL,
+    operation        TEXT    NOT NULL,
+    key              TEXT    NOT NULL,
+    fingerprint      BLOB    NOT NULL,
+    status           INTEGER NOT NULL,
+    fence            INTEGER NOT NULL,
+    created_at       INTEGER NOT NULL,
+    lease_until      INTEGER,
+    expires_at       INTEGER NOT NULL,
+    resource_id      TEXT,
+    response_status  INTEGER,
+    response_headers BLOB,
+    response_body    BLOB,
+    PRIMARY KEY (scope, operation, key)
+) WITHOUT ROWID;
+CREATE INDEX idem_records_expires_at ON idem_records (expires_at);
+CREATE TABLE idem_meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
+INSERT INTO idem_meta (name, value) VALUES ('fence', 0);
+";
+
+fn setup(message: String) -> StoreError {
+    StoreError::new(StoreErrorKind::Setup, message)
+}
+
+fn sql_setup(path: &Path, what: &str, e: rusqlite::Error) -> StoreError {
+    let hint = match &e {
+        rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::NotADatabase => {
+            " (the file is not an SQLite database)"
+        }
+        rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::ReadOnly => {
+            " (the file or its directory is read-only)"
+        }
+        _ => "",
+    };
+    setup(format!("{}: {what}{hint}", path.display())).with_source(e)
+}
+
+/// Opens the writer's connection, creating or checking the schema.
+pub(crate) fn open_writer(path: &Path, sync: Synchronous) -> Result<Connection, StoreError> {
+    if let Ok(meta) = std::fs::metadata(path)
+        && meta.permissions().readonly()
+    {
+        return Err(setup(format!(
+            "{}: the store file is read-only; idem needs to write to it",
+            path.display()
+        )));
+    }
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_CREATE
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags)
+        .map_err(|e| sql_setup(path, "cannot open the store file", e))?;
+    if conn.is_readonly(rusqlite::MAIN_DB).unwrap_or(false) {
+        return Err(setup(format!(
+            "{}: the store file is read-only",
+            path.display()
+        )));
+    }
+    let app_id: i64 = conn
+        .query_row("PRAGMA application_id", [], |r| r.get(0))
+        .map_err(|e| sql_setup(path, "cannot read the file", e))?;
+    let version: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .map_err(|e| sql_setup(path, "cannot read the file", e))?;
+    let tables: i64 = conn
+        .query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))
+        .map_err(|e| sql_setup(path, "cannot read the file", e))?;
+
+    match (app_id, version) {
+        (0, 0) if tables == 0 => {}
+        (APPLICATION_ID, v) if v == SCHEMA_VERSION => {}
+        (APPLICATION_ID, v) if v > SCHEMA_VERSION => {
+            return Err(setup(format!(
+                "{}: the store was written by a newer idem (schema {v}; this one knows {SCHEMA_VERSION})",
+                path.display()
+            )));
+        }
+        _ => {
+            return Err(setup(format!(
+                "{}: the file is an SQLite database but not an idem store",
+                path.display()
+            )));
+        }
+    }
+
+    conn.pragma_update(None, "journal_mode", "WAL")
+        .map_err(|e| sql_setup(path, "cannot switch to WAL", e))?;
+    conn.pragma_update(None, "synchronous", sync.pragma())
+        .map_err(|e| sql_setup(path, "cannot set synchronous", e))?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))
+        .map_err(|e| sql_setup(path, "cannot set busy timeout", e))?;
+
+    if tables == 0 {
+        create_schema(&conn).map_err(|e| sql_setup(path, "cannot create the schema", e))?;
+    }
+    Ok(conn)
+}
+
+/// Opens a connection for reads only.
+pub(crate) fn open_reader(path: &Path) -> Result<Connection, StoreError> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags)
+        .map_err(|e| sql_setup(path, "cannot open a reader", e))?;
+    conn.pragma_update(None, "query_only", true)
+        .map_err(|e| sql_setup(path, "cannot set query_only", e))?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))
+        .map_err(|e| sql_setup(path, "cannot set busy timeout", e))?;
+    Ok(conn)
+}
+
+/// Creates the schema unless another process did so first: the check and
+/// the creation share one write transaction.
+fn create_schema(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    let result = (|| {
+        let tables: i64 = conn.query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))?;
+        if tables == 0 {
+            conn.execute_batch(SCHEMA_V1)?;
+            conn.execute_batch(&format!(
+                "PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = {SCHEMA_VERSION};"
+            ))?;
+        }
+        Ok(())
+    })();
+    match result {
+        Ok(()) => conn.execute_batch("COMMIT"),
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e)
+        }
+    }
+}
