@@ -93,9 +93,13 @@ pub fn response(status: u16, tag: &str) -> StoredResponse {
 /// Generates one `#[test]` per conformance check for the store that `$make`
 /// (an `async` block) builds. Needs `tokio` with the `macros` and
 /// `rt-multi-thread` features in the calling crate's dev-dependencies.
+///
+/// `conformance_tests!(optional async { ... })` takes a block that yields
+/// `Option<Store>`: `None` means the backend is not there, and each test
+/// returns at once (the block should print why).
 #[macro_export]
 macro_rules! conformance_tests {
-    ($make:expr) => {
+    (optional $make:expr) => {
         $crate::conformance_tests!(@each $make;
             claim_absent_acquires,
             duplicate_claim_is_in_flight,
@@ -113,15 +117,20 @@ macro_rules! conformance_tests {
         fn conformance_race_64_tasks_one_key() {
             let rt = $crate::testkit::runtime();
             rt.block_on(async {
-                let store = ::std::sync::Arc::new($make.await);
-                $crate::testkit::race_one_key(store, 64).await;
+                let Some(store) = $make.await else { return };
+                $crate::testkit::race_one_key(::std::sync::Arc::new(store), 64).await;
             });
         }
 
         #[test]
         fn conformance_model_check() {
             let rt = $crate::testkit::runtime();
-            $crate::testkit::model_check(&rt, || rt.block_on($make));
+            if rt.block_on($make).is_none() {
+                return;
+            }
+            $crate::testkit::model_check(&rt, || {
+                rt.block_on($make).expect("the backend went away during the model check")
+            });
         }
     };
     (@each $make:expr; $($check:ident),* $(,)?) => {
@@ -130,11 +139,14 @@ macro_rules! conformance_tests {
             fn $check() {
                 let rt = $crate::testkit::runtime();
                 rt.block_on(async {
-                    let store = $make.await;
+                    let Some(store) = $make.await else { return };
                     $crate::testkit::$check(&store).await;
                 });
             }
         )*
+    };
+    ($make:expr) => {
+        $crate::conformance_tests!(optional async { Some($make.await) });
     };
 }
 
@@ -213,4 +225,56 @@ impl<S: Store> Store for Guarded<S> {
     ) -> crate::BoxFuture<'_, Result<usize, crate::StoreError>> {
         self.store.purge_expired(now, limit)
     }
+}
+
+/// Sustained claim+complete pairs per second on `store` from `tasks`
+/// concurrent tasks, each pair on a new key, for `duration` after a short
+/// warm-up. For the store benchmarks under `bench/`.
+pub async fn pairs_per_second<S: Store>(
+    store: std::sync::Arc<S>,
+    tasks: usize,
+    duration: Duration,
+) -> f64 {
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+    let stop = Arc::new(AtomicBool::new(false));
+    let counting = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let handles: Vec<_> = (0..tasks)
+        .map(|t| {
+            let (store, stop, counting, done) =
+                (store.clone(), stop.clone(), counting.clone(), done.clone());
+            tokio::spawn(async move {
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    n += 1;
+                    let id = unique_id(&format!("load-{t:05}-{n:010}"));
+                    let req = request(&id, "{}", Timestamp::now());
+                    let Ok(crate::Claim::Acquired(lease)) = store.claim(&req).await else {
+                        panic!("load: claim did not acquire");
+                    };
+                    let c = crate::Completion::completed(response(201, "load"));
+                    let settled = store.complete(&id, lease.fence, c, req.now).await;
+                    assert!(
+                        matches!(settled, Ok(crate::Settled::Applied)),
+                        "load: complete failed"
+                    );
+                    if counting.load(Ordering::Relaxed) {
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    counting.store(true, Ordering::Relaxed);
+    let start = std::time::Instant::now();
+    tokio::time::sleep(duration).await;
+    let pairs = done.load(Ordering::Relaxed);
+    let elapsed = start.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    for h in handles {
+        let _ = h.await;
+    }
+    pairs as f64 / elapsed.as_secs_f64()
 }

@@ -1,0 +1,100 @@
+//! Atomic mode: the business mutation and the record's completion in one
+//! PostgreSQL transaction.
+
+use idem_core::{BoxFuture, Completion, Fence, RecordId, Settled, StoreError};
+
+use crate::error::{pg_error, pool_error};
+use crate::{PostgresStore, Transaction, complete_with, fence_sql};
+
+/// What [`PostgresStore::complete_atomically`] did.
+#[derive(Debug)]
+#[must_use]
+pub enum Atomic<T, E> {
+    /// The mutation and the completion committed together.
+    Committed(T),
+    /// The closure failed; the transaction was rolled back and the record is
+    /// still in progress under the caller's fence. Release it (transient
+    /// failure) or complete it as failed.
+    Failed(E),
+    /// The fence is no longer current (the lease was taken over, or the
+    /// record finished): the closure was not run and nothing was written.
+    StaleFence,
+}
+
+impl PostgresStore {
+    /// Runs `mutation` inside a transaction that first locks the record
+    /// (checking that `fence` is still current), then stores the returned
+    /// [`Completion`] and commits both.
+    ///
+    /// While the transaction is open the record's row is locked: a claim
+    /// that would take over the lease waits for the commit and then sees the
+    /// completed record, so a takeover can never run beside a live atomic
+    /// executor.
+    ///
+    /// Dropping the returned future before it finishes rolls the
+    /// transaction back (tokio-postgres rolls back a dropped transaction),
+    /// and so does a crash: then neither the mutation nor the completion
+    /// happened, and the record waits for its lease to run out.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails (including at commit: then the
+    /// outcome is unknown, and a retry after the lease finds out which).
+    pub async fn complete_atomically<T, E, F>(
+        &self,
+        id: &RecordId,
+        fence: Fence,
+        mutation: F,
+    ) -> Result<Atomic<T, E>, StoreError>
+    where
+        F: for<'t> FnOnce(&'t Transaction<'t>) -> BoxFuture<'t, Result<(T, Completion), E>>,
+    {
+        let Some(fence) = fence_sql(fence) else {
+            return Ok(Atomic::StaleFence);
+        };
+        let mut client = self.inner.pool.get().await.map_err(pool_error)?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(|e| pg_error("beginning an atomic transaction", e))?;
+        let lock = tx
+            .prepare_cached(&self.inner.sql.lock)
+            .await
+            .map_err(|e| pg_error("preparing the record lock", e))?;
+        let held = tx
+            .query_opt(
+                &lock,
+                &[
+                    &id.scope.as_str(),
+                    &id.operation.as_str(),
+                    &id.key.as_str(),
+                    &fence,
+                ],
+            )
+            .await
+            .map_err(|e| pg_error("locking the record", e))?;
+        if held.is_none() {
+            let _ = tx.rollback().await;
+            return Ok(Atomic::StaleFence);
+        }
+        let (value, completion) = match mutation(&tx).await {
+            Ok(done) => done,
+            Err(e) => {
+                let _ = tx.rollback().await;
+                return Ok(Atomic::Failed(e));
+            }
+        };
+        match complete_with(&tx, &self.inner.sql.complete, id, fence, &completion).await? {
+            Settled::Applied => {}
+            // Unreachable while we hold the row lock, but never commit a
+            // mutation whose record we could not complete.
+            Settled::StaleFence => {
+                let _ = tx.rollback().await;
+                return Ok(Atomic::StaleFence);
+            }
+        }
+        tx.commit()
+            .await
+            .map_err(|e| pg_error("committing an atomic transaction", e))?;
+        Ok(Atomic::Committed(value))
+    }
+}

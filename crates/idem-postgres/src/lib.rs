@@ -1,0 +1,538 @@
+//! PostgreSQL store for idem: many service or gateway instances share one
+//! set of records, and the atomic mode commits a business mutation and its
+//! idempotency result in one transaction.
+//!
+//! ```no_run
+//! use idem_postgres::PostgresStore;
+//!
+//! # async fn run() -> Result<(), idem_core::StoreError> {
+//! let store = PostgresStore::builder("postgres://app@db/payments")
+//!     .schema("idem")
+//!     .pool_size(16)
+//!     .connect()
+//!     .await?;
+//! // `store` implements `idem_core::Store`.
+//! # Ok(()) }
+//! ```
+//!
+//! # Behavior
+//!
+//! - Every store operation is one statement and one round trip, through
+//!   prepared statements cached per connection. A claim calls the
+//!   `idem_claim` function (PL/pgSQL, created by the migration), which locks
+//!   the record, decides by DESIGN.md section 2, and writes, atomically.
+//! - The schema (default `idem`) is created and migrated on connect, under
+//!   an advisory lock, so instances that start together are safe. A schema
+//!   newer than this code is refused.
+//! - Fences come from one sequence, so they grow across every claim.
+//! - Purge deletes in bounded batches with `FOR UPDATE SKIP LOCKED`, so
+//!   several instances can purge at once without waiting on each other or
+//!   on traffic.
+//! - Connection loss, server shutdown and pool timeouts are
+//!   [`StoreErrorKind::Unavailable`]; the pool reconnects by itself when
+//!   the server is back.
+//! - The server's clock is not used: `now` comes from the caller (see
+//!   `idem_core::Timestamp`).
+//!
+//! # Atomic mode
+//!
+//! [`PostgresStore::complete_atomically`] runs your statements and the
+//! completion of the record in one transaction, after locking the record
+//! and checking the fence. If the process dies before commit, neither the
+//! mutation nor the completion happened, and the retry (after the lease)
+//! executes once. This is the only way to exactly-once effects without help
+//! from downstream.
+//!
+//! ```no_run
+//! # use idem_core::{Claim, Completion, StoredResponse};
+//! # use idem_postgres::{Atomic, PostgresStore};
+//! # async fn run(store: PostgresStore, req: idem_core::ClaimRequest) -> Result<(), Box<dyn std::error::Error>> {
+//! if let Claim::Acquired(lease) = store.claim_now(&req).await? {
+//!     let outcome = store
+//!         .complete_atomically(&req.id, lease.fence, |tx| {
+//!             Box::pin(async move {
+//!                 let row = tx
+//!                     .query_one("INSERT INTO transfers (amount) VALUES (100) RETURNING id", &[])
+//!                     .await?;
+//!                 let id: i64 = row.get(0);
+//!                 let response = StoredResponse { status: 201, headers: vec![], body: id.to_string().into_bytes() };
+//!                 Ok::<_, tokio_postgres::Error>((id, Completion::completed(response).with_resource_id(id.to_string())))
+//!             })
+//!         })
+//!         .await?;
+//!     match outcome {
+//!         Atomic::Committed(id) => println!("transfer {id} committed with its record"),
+//!         Atomic::Failed(e) => println!("rolled back: {e}; release the claim"),
+//!         Atomic::StaleFence => println!("lost the lease; nothing was written"),
+//!     }
+//! }
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use idem_core::{
+    BoxFuture, Claim, ClaimRequest, Completion, Fence, Fingerprint, Lease, Record, RecordId,
+    Settled, Status, Store, StoreError, StoreErrorKind, StoredResponse, Timestamp,
+};
+use tokio_postgres::{NoTls, Row};
+
+mod atomic;
+mod error;
+mod schema;
+
+pub use atomic::Atomic;
+pub use deadpool_postgres::Transaction;
+use error::{corrupt, pg_error, pool_error};
+
+/// Options for connecting a store.
+#[derive(Debug, Clone)]
+pub struct PostgresStoreBuilder {
+    url: String,
+    schema: String,
+    pool_size: usize,
+    wait: Duration,
+}
+
+impl PostgresStoreBuilder {
+    /// The schema holding idem's tables. Default `idem`. Lower-case letters,
+    /// digits and `_` only.
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = schema.into();
+        self
+    }
+
+    /// The most connections the pool opens. Default 16.
+    pub fn pool_size(mut self, n: usize) -> Self {
+        self.pool_size = n.max(1);
+        self
+    }
+
+    /// How long an operation waits for a connection (and for one to be
+    /// opened) before failing with `Unavailable`. Default 5 s.
+    pub fn connect_timeout(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Connects, then creates or migrates the schema.
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::Setup`] for a bad URL or schema name, or a schema
+    /// newer than this code; [`StoreErrorKind::Unavailable`] when the server
+    /// does not answer.
+    pub async fn connect(self) -> Result<PostgresStore, StoreError> {
+        if !schema::valid_schema_name(&self.schema) {
+            return Err(StoreError::new(
+                StoreErrorKind::Setup,
+                format!("postgres store: invalid schema name {:?}", self.schema),
+            ));
+        }
+        let config = tokio_postgres::Config::from_str(&self.url).map_err(|e| {
+            StoreError::new(
+                StoreErrorKind::Setup,
+                "postgres store: invalid connection URL",
+            )
+            .with_source(e)
+        })?;
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(self.pool_size)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(self.wait))
+            .create_timeout(Some(self.wait))
+            .recycle_timeout(Some(self.wait))
+            .build()
+            .map_err(|e| {
+                StoreError::new(
+                    StoreErrorKind::Setup,
+                    "postgres store: cannot build the pool",
+                )
+                .with_source(e)
+            })?;
+        let mut client = pool.get().await.map_err(pool_error)?;
+        schema::migrate(&mut client, &self.schema).await?;
+        drop(client);
+        let s = &self.schema;
+        Ok(PostgresStore {
+            inner: Arc::new(Inner {
+                sql: Sql {
+                    claim: format!("SELECT * FROM {s}.idem_claim($1, $2, $3, $4, $5, $6, $7)"),
+                    complete: format!(
+                        "UPDATE {s}.idem_records SET status = $5, resource_id = $6, response_status = $7, \
+                         response_headers = $8, response_body = $9, lease_until = NULL \
+                         WHERE scope = $1 AND operation = $2 AND key = $3 AND fence = $4 AND status = 0"
+                    ),
+                    release: format!(
+                        "DELETE FROM {s}.idem_records \
+                         WHERE scope = $1 AND operation = $2 AND key = $3 AND fence = $4 AND status = 0"
+                    ),
+                    get: format!(
+                        "SELECT fingerprint, status, fence, created_at, lease_until, expires_at, resource_id, \
+                         response_status, response_headers, response_body FROM {s}.idem_records \
+                         WHERE scope = $1 AND operation = $2 AND key = $3 AND expires_at > $4"
+                    ),
+                    lock: format!(
+                        "SELECT 1 FROM {s}.idem_records \
+                         WHERE scope = $1 AND operation = $2 AND key = $3 AND fence = $4 AND status = 0 FOR UPDATE"
+                    ),
+                    purge: format!(
+                        "DELETE FROM {s}.idem_records WHERE ctid = ANY (ARRAY( \
+                         SELECT ctid FROM {s}.idem_records WHERE expires_at <= $1 \
+                         LIMIT $2 FOR UPDATE SKIP LOCKED))"
+                    ),
+                },
+                pool,
+                schema: self.schema,
+            }),
+        })
+    }
+}
+
+struct Sql {
+    claim: String,
+    complete: String,
+    release: String,
+    get: String,
+    lock: String,
+    purge: String,
+}
+
+struct Inner {
+    pool: Pool,
+    schema: String,
+    sql: Sql,
+}
+
+/// The PostgreSQL store. Clones share one pool.
+#[derive(Clone)]
+pub struct PostgresStore {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("schema", &self.inner.schema)
+            .finish_non_exhaustive()
+    }
+}
+
+fn fence_sql(fence: Fence) -> Option<i64> {
+    i64::try_from(fence.get()).ok()
+}
+
+fn fence_from(v: i64) -> Result<Fence, StoreError> {
+    u64::try_from(v)
+        .map(Fence::new)
+        .map_err(|_| corrupt("fence"))
+}
+
+fn ms(v: Duration) -> i64 {
+    i64::try_from(v.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn response_from(
+    status: Option<i32>,
+    headers: Option<Vec<u8>>,
+    body: Option<Vec<u8>>,
+) -> Result<Option<StoredResponse>, StoreError> {
+    let Some(status) = status else {
+        return Ok(None);
+    };
+    Ok(Some(StoredResponse {
+        status: u16::try_from(status).map_err(|_| corrupt("response status"))?,
+        headers: StoredResponse::decode_headers(&headers.unwrap_or_default())
+            .map_err(|_| corrupt("response headers"))?,
+        body: body.unwrap_or_default(),
+    }))
+}
+
+impl PostgresStore {
+    /// Options for connecting to `url` (`postgres://user@host:port/db`).
+    pub fn builder(url: impl Into<String>) -> PostgresStoreBuilder {
+        PostgresStoreBuilder {
+            url: url.into(),
+            schema: "idem".into(),
+            pool_size: 16,
+            wait: Duration::from_secs(5),
+        }
+    }
+
+    /// Connects with the default options.
+    ///
+    /// # Errors
+    /// As [`PostgresStoreBuilder::connect`].
+    pub async fn connect(url: &str) -> Result<PostgresStore, StoreError> {
+        PostgresStore::builder(url).connect().await
+    }
+
+    /// The schema this store uses.
+    pub fn schema(&self) -> &str {
+        &self.inner.schema
+    }
+
+    /// The pool, for applications that run their own queries beside the
+    /// store (atomic mode uses it too).
+    pub fn pool(&self) -> &Pool {
+        &self.inner.pool
+    }
+
+    /// Drops the store's schema and everything in it. For tests.
+    ///
+    /// # Errors
+    /// As any operation.
+    pub async fn drop_schema(&self) -> Result<(), StoreError> {
+        let client = self.inner.pool.get().await.map_err(pool_error)?;
+        client
+            .batch_execute(&format!(
+                "DROP SCHEMA IF EXISTS {} CASCADE",
+                self.inner.schema
+            ))
+            .await
+            .map_err(|e| pg_error("dropping the schema", e))
+    }
+
+    /// The claim, callable without naming the trait.
+    ///
+    /// # Errors
+    /// As [`Store::claim`].
+    pub async fn claim_now(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
+        let client = self.inner.pool.get().await.map_err(pool_error)?;
+        let stmt = client
+            .prepare_cached(&self.inner.sql.claim)
+            .await
+            .map_err(|e| pg_error("preparing claim", e))?;
+        let row = client
+            .query_one(
+                &stmt,
+                &[
+                    &req.id.scope.as_str(),
+                    &req.id.operation.as_str(),
+                    &req.id.key.as_str(),
+                    &&req.fingerprint.as_bytes()[..],
+                    &req.now.as_millis(),
+                    &ms(req.lease),
+                    &ms(req.ttl),
+                ],
+            )
+            .await
+            .map_err(|e| pg_error("claiming", e))?;
+        claim_from_row(req, &row)
+    }
+}
+
+fn claim_from_row(req: &ClaimRequest, row: &Row) -> Result<Claim, StoreError> {
+    let get_err = |e| pg_error("reading the claim", e);
+    let outcome: i16 = row.try_get(0).map_err(get_err)?;
+    let fence = fence_from(row.try_get(1).map_err(get_err)?)?;
+    let created_at = Timestamp::from_millis(row.try_get(2).map_err(get_err)?);
+    let lease_until: Option<i64> = row.try_get(3).map_err(get_err)?;
+    let expires_at = Timestamp::from_millis(row.try_get(4).map_err(get_err)?);
+    Ok(match outcome {
+        0 | 4 => Claim::Acquired(Lease {
+            fence,
+            lease_until: Timestamp::from_millis(lease_until.unwrap_or_default()),
+            expires_at,
+            takeover: outcome == 4,
+        }),
+        1 => Claim::InFlight {
+            lease_until: Timestamp::from_millis(lease_until.unwrap_or_default()),
+            expires_at,
+        },
+        2 => {
+            let status: i16 = row.try_get(5).map_err(get_err)?;
+            Claim::Replay(Box::new(Record {
+                id: req.id.clone(),
+                fingerprint: req.fingerprint,
+                status: Status::from_code(i64::from(status)).ok_or_else(|| corrupt("status"))?,
+                response: response_from(
+                    row.try_get(7).map_err(get_err)?,
+                    row.try_get(8).map_err(get_err)?,
+                    row.try_get(9).map_err(get_err)?,
+                )?,
+                resource_id: row.try_get(6).map_err(get_err)?,
+                created_at,
+                lease_until: lease_until.map(Timestamp::from_millis),
+                fence,
+                expires_at,
+            }))
+        }
+        3 => Claim::Mismatch { expires_at },
+        _ => return Err(corrupt("claim outcome")),
+    })
+}
+
+impl Store for PostgresStore {
+    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>> {
+        Box::pin(self.claim_now(req))
+    }
+
+    fn complete<'a>(
+        &'a self,
+        id: &'a RecordId,
+        fence: Fence,
+        completion: Completion,
+        _now: Timestamp,
+    ) -> BoxFuture<'a, Result<Settled, StoreError>> {
+        Box::pin(async move {
+            let Some(fence) = fence_sql(fence) else {
+                return Ok(Settled::StaleFence);
+            };
+            let client = self.inner.pool.get().await.map_err(pool_error)?;
+            complete_with(&client, &self.inner.sql.complete, id, fence, &completion).await
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        id: &'a RecordId,
+        fence: Fence,
+        _now: Timestamp,
+    ) -> BoxFuture<'a, Result<Settled, StoreError>> {
+        Box::pin(async move {
+            let Some(fence) = fence_sql(fence) else {
+                return Ok(Settled::StaleFence);
+            };
+            let client = self.inner.pool.get().await.map_err(pool_error)?;
+            let stmt = client
+                .prepare_cached(&self.inner.sql.release)
+                .await
+                .map_err(|e| pg_error("preparing release", e))?;
+            let n = client
+                .execute(
+                    &stmt,
+                    &[
+                        &id.scope.as_str(),
+                        &id.operation.as_str(),
+                        &id.key.as_str(),
+                        &fence,
+                    ],
+                )
+                .await
+                .map_err(|e| pg_error("releasing", e))?;
+            Ok(if n == 1 {
+                Settled::Applied
+            } else {
+                Settled::StaleFence
+            })
+        })
+    }
+
+    fn get<'a>(
+        &'a self,
+        id: &'a RecordId,
+        now: Timestamp,
+    ) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
+        Box::pin(async move {
+            let client = self.inner.pool.get().await.map_err(pool_error)?;
+            let stmt = client
+                .prepare_cached(&self.inner.sql.get)
+                .await
+                .map_err(|e| pg_error("preparing get", e))?;
+            let row = client
+                .query_opt(
+                    &stmt,
+                    &[
+                        &id.scope.as_str(),
+                        &id.operation.as_str(),
+                        &id.key.as_str(),
+                        &now.as_millis(),
+                    ],
+                )
+                .await
+                .map_err(|e| pg_error("reading a record", e))?;
+            let Some(row) = row else { return Ok(None) };
+            let get_err = |e| pg_error("reading a record", e);
+            let fp: Vec<u8> = row.try_get(0).map_err(get_err)?;
+            let status: i16 = row.try_get(1).map_err(get_err)?;
+            Ok(Some(Record {
+                id: id.clone(),
+                fingerprint: Fingerprint::from_slice(&fp).ok_or_else(|| corrupt("fingerprint"))?,
+                status: Status::from_code(i64::from(status)).ok_or_else(|| corrupt("status"))?,
+                fence: fence_from(row.try_get(2).map_err(get_err)?)?,
+                created_at: Timestamp::from_millis(row.try_get(3).map_err(get_err)?),
+                lease_until: row
+                    .try_get::<_, Option<i64>>(4)
+                    .map_err(get_err)?
+                    .map(Timestamp::from_millis),
+                expires_at: Timestamp::from_millis(row.try_get(5).map_err(get_err)?),
+                resource_id: row.try_get(6).map_err(get_err)?,
+                response: response_from(
+                    row.try_get(7).map_err(get_err)?,
+                    row.try_get(8).map_err(get_err)?,
+                    row.try_get(9).map_err(get_err)?,
+                )?,
+            }))
+        })
+    }
+
+    fn purge_expired(
+        &self,
+        now: Timestamp,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<usize, StoreError>> {
+        Box::pin(async move {
+            let client = self.inner.pool.get().await.map_err(pool_error)?;
+            let stmt = client
+                .prepare_cached(&self.inner.sql.purge)
+                .await
+                .map_err(|e| pg_error("preparing purge", e))?;
+            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            let n = client
+                .execute(&stmt, &[&now.as_millis(), &limit])
+                .await
+                .map_err(|e| pg_error("purging", e))?;
+            Ok(usize::try_from(n).unwrap_or(usize::MAX))
+        })
+    }
+}
+
+/// The completion statement, on a plain client or inside a transaction.
+async fn complete_with<C: deadpool_postgres::GenericClient + Sync>(
+    client: &C,
+    sql: &str,
+    id: &RecordId,
+    fence: i64,
+    c: &Completion,
+) -> Result<Settled, StoreError> {
+    let stmt = client
+        .prepare_cached(sql)
+        .await
+        .map_err(|e| pg_error("preparing complete", e))?;
+    let n = client
+        .execute(
+            &stmt,
+            &[
+                &id.scope.as_str(),
+                &id.operation.as_str(),
+                &id.key.as_str(),
+                &fence,
+                &(c.status().code() as i16),
+                &c.resource_id.as_deref(),
+                &i32::from(c.response.status),
+                &c.response.encode_headers(),
+                &c.response.body,
+            ],
+        )
+        .await
+        .map_err(|e| pg_error("completing", e))?;
+    Ok(if n == 1 {
+        Settled::Applied
+    } else {
+        Settled::StaleFence
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,170 @@
+//! The schema, created and versioned on connect.
+//!
+//! Migrations run under a transaction-scoped advisory lock keyed on the
+//! schema name, so instances that start at the same moment apply each
+//! migration once: the second waits for the first, then finds nothing to do.
+
+use deadpool_postgres::Client;
+use idem_core::StoreError;
+
+use crate::error::pg_error;
+
+/// Advisory lock namespace ("idem" in ASCII).
+const LOCK_CLASS: i32 = 0x6964_656d;
+
+/// The migrations, in order; `{s}` stands for the quoted schema name.
+const MIGRATIONS: &[&str] = &[
+    // 1: records, the fence sequence, and the claim function.
+    r#"
+CREATE TABLE {s}.idem_records (
+    scope            text     NOT NULL,
+    operation        text     NOT NULL,
+    key              text     NOT NULL,
+    fingerprint      bytea    NOT NULL,
+    status           smallint NOT NULL,
+    fence            bigint   NOT NULL,
+    created_at       bigint   NOT NULL,
+    lease_until      bigint,
+    expires_at       bigint   NOT NULL,
+    resource_id      text,
+    response_status  integer,
+    response_headers bytea,
+    response_body    bytea,
+    PRIMARY KEY (scope, operation, key)
+);
+CREATE INDEX idem_records_expires_at ON {s}.idem_records (expires_at);
+CREATE SEQUENCE {s}.idem_fence;
+
+-- Claim: DESIGN.md section 2 in one round trip. Outcomes:
+-- 0 acquired, 1 in flight, 2 replay, 3 mismatch, 4 acquired by takeover.
+CREATE FUNCTION {s}.idem_claim(
+    p_scope text, p_operation text, p_key text, p_fingerprint bytea,
+    p_now bigint, p_lease bigint, p_ttl bigint)
+RETURNS TABLE (outcome smallint, fence bigint, created_at bigint, lease_until bigint,
+               expires_at bigint, status smallint, resource_id text, response_status integer,
+               response_headers bytea, response_body bytea)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    r {s}.idem_records%ROWTYPE;
+    f bigint;
+    taken boolean := false;
+BEGIN
+    LOOP
+        SELECT * INTO r FROM {s}.idem_records AS t
+         WHERE t.scope = p_scope AND t.operation = p_operation AND t.key = p_key
+         FOR UPDATE;
+        IF NOT FOUND THEN
+            f := nextval('{s}.idem_fence');
+            INSERT INTO {s}.idem_records AS t (scope, operation, key, fingerprint, status, fence,
+                                               created_at, lease_until, expires_at)
+            VALUES (p_scope, p_operation, p_key, p_fingerprint, 0, f,
+                    p_now, p_now + p_lease, p_now + p_ttl)
+            ON CONFLICT DO NOTHING;
+            IF FOUND THEN
+                RETURN QUERY SELECT 0::smallint, f, p_now, p_now + p_lease, p_now + p_ttl,
+                    0::smallint, NULL::text, NULL::integer, NULL::bytea, NULL::bytea;
+                RETURN;
+            END IF;
+            -- Another claim inserted it first: lock and judge theirs.
+            CONTINUE;
+        END IF;
+        IF r.expires_at > p_now THEN
+            IF r.fingerprint <> p_fingerprint THEN
+                RETURN QUERY SELECT 3::smallint, r.fence, r.created_at, r.lease_until, r.expires_at,
+                    r.status, NULL::text, NULL::integer, NULL::bytea, NULL::bytea;
+                RETURN;
+            END IF;
+            IF r.status <> 0 THEN
+                RETURN QUERY SELECT 2::smallint, r.fence, r.created_at, r.lease_until, r.expires_at,
+                    r.status, r.resource_id, r.response_status, r.response_headers, r.response_body;
+                RETURN;
+            END IF;
+            IF r.lease_until > p_now THEN
+                RETURN QUERY SELECT 1::smallint, r.fence, r.created_at, r.lease_until, r.expires_at,
+                    r.status, NULL::text, NULL::integer, NULL::bytea, NULL::bytea;
+                RETURN;
+            END IF;
+            taken := true;
+        END IF;
+        f := nextval('{s}.idem_fence');
+        UPDATE {s}.idem_records AS t
+           SET fingerprint = p_fingerprint, status = 0, fence = f, created_at = p_now,
+               lease_until = p_now + p_lease, expires_at = p_now + p_ttl, resource_id = NULL,
+               response_status = NULL, response_headers = NULL, response_body = NULL
+         WHERE t.scope = p_scope AND t.operation = p_operation AND t.key = p_key;
+        RETURN QUERY SELECT (CASE WHEN taken THEN 4 ELSE 0 END)::smallint, f, p_now,
+            p_now + p_lease, p_now + p_ttl, 0::smallint, NULL::text, NULL::integer,
+            NULL::bytea, NULL::bytea;
+        RETURN;
+    END LOOP;
+END
+$fn$;
+"#,
+];
+
+/// The newest schema version this code knows.
+pub(crate) const VERSION: i32 = MIGRATIONS.len() as i32;
+
+/// Whether `name` is a plain lower-case identifier (so it can be spliced
+/// into SQL without quoting surprises).
+pub(crate) fn valid_schema_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+}
+
+/// Creates the schema and applies missing migrations.
+pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<(), StoreError> {
+    let tx = client
+        .transaction()
+        .await
+        .map_err(|e| pg_error("beginning the migration", e))?;
+    tx.execute(
+        "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+        &[&LOCK_CLASS, &schema],
+    )
+    .await
+    .map_err(|e| pg_error("taking the migration lock", e))?;
+    tx.batch_execute(&format!(
+        "CREATE SCHEMA IF NOT EXISTS {schema};
+         CREATE TABLE IF NOT EXISTS {schema}.idem_migrations (
+             version integer PRIMARY KEY,
+             applied_at timestamptz NOT NULL DEFAULT now());"
+    ))
+    .await
+    .map_err(|e| pg_error("creating the schema", e))?;
+    let current: i32 = tx
+        .query_one(
+            &format!("SELECT coalesce(max(version), 0) FROM {schema}.idem_migrations"),
+            &[],
+        )
+        .await
+        .map_err(|e| pg_error("reading the schema version", e))?
+        .get(0);
+    if current > VERSION {
+        return Err(StoreError::new(
+            idem_core::StoreErrorKind::Setup,
+            format!(
+                "postgres store: schema {schema} is at version {current}, newer than this idem ({VERSION})"
+            ),
+        ));
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(current as usize) {
+        let version = i as i32 + 1;
+        tx.batch_execute(&sql.replace("{s}", schema))
+            .await
+            .map_err(|e| pg_error("applying a migration", e))?;
+        tx.execute(
+            &format!("INSERT INTO {schema}.idem_migrations (version) VALUES ($1)"),
+            &[&version],
+        )
+        .await
+        .map_err(|e| pg_error("recording a migration", e))?;
+    }
+    tx.commit()
+        .await
+        .map_err(|e| pg_error("committing the migration", e))
+}

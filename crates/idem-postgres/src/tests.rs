@@ -1,0 +1,453 @@
+//! Tests against the PostgreSQL named by `IDEM_TEST_POSTGRES_URL`; each
+//! test gets a schema of its own, dropped afterwards.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use idem_core::testkit::Guarded;
+
+use super::*;
+
+pub(crate) fn url() -> Option<String> {
+    match std::env::var("IDEM_TEST_POSTGRES_URL") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ => {
+            eprintln!("skipped: IDEM_TEST_POSTGRES_URL is not set (no PostgreSQL to test against)");
+            None
+        }
+    }
+}
+
+pub(crate) fn schema_name(tag: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "idem_t_{tag}_{}_{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Drops the schema when the test's store goes away.
+struct DropSchema(Option<PostgresStore>);
+
+impl Drop for DropSchema {
+    fn drop(&mut self) {
+        if let Some(store) = self.0.take() {
+            // The test's runtime may be gone; use a small one of our own.
+            let _ = std::thread::spawn(move || {
+                if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    let _ = rt.block_on(store.drop_schema());
+                }
+            })
+            .join();
+        }
+    }
+}
+
+async fn fresh(url: &str) -> Guarded<PostgresStore> {
+    let store = PostgresStore::builder(url)
+        .schema(schema_name("c"))
+        .pool_size(8)
+        .connect()
+        .await
+        .expect("connect to test postgres");
+    Guarded::new(store.clone(), DropSchema(Some(store)))
+}
+
+/// The conformance suite, each check on its own schema.
+mod conformance {
+    use super::*;
+
+    idem_core::conformance_tests!(optional async {
+        match url() {
+            Some(u) => Some(fresh(&u).await),
+            None => None,
+        }
+    });
+}
+
+use idem_core::testkit::{LEASE, request, response, t0, unique_id};
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+fn rt() -> tokio::runtime::Runtime {
+    idem_core::testkit::runtime()
+}
+
+/// Two pools, as two instances would have, 64 tasks split across them
+/// claiming one key: exactly one acquires.
+#[test]
+fn cross_instance_race_has_one_winner() {
+    let Some(url) = url() else { return };
+    rt().block_on(async {
+        let a = fresh(&url).await;
+        let b = PostgresStore::builder(&url)
+            .schema(a.store().schema())
+            .pool_size(8)
+            .connect()
+            .await
+            .unwrap();
+        let id = unique_id("cross-instance-01");
+        let barrier = Arc::new(tokio::sync::Barrier::new(64));
+        let mut tasks = Vec::new();
+        for i in 0..64 {
+            let store = if i % 2 == 0 {
+                a.store().clone()
+            } else {
+                b.clone()
+            };
+            let (id, barrier) = (id.clone(), barrier.clone());
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                store.claim_now(&request(&id, "{}", t0())).await.unwrap()
+            }));
+        }
+        let mut acquired = 0;
+        for t in tasks {
+            if let Claim::Acquired(_) = t.await.unwrap() {
+                acquired += 1;
+            }
+        }
+        assert_eq!(acquired, 1);
+    });
+}
+
+/// Several instances migrating one new schema at the same moment: all
+/// succeed, and the migration is recorded once.
+#[test]
+fn concurrent_first_connects_migrate_once() {
+    let Some(url) = url() else { return };
+    rt().block_on(async {
+        let schema = schema_name("m");
+        let connects: Vec<_> = (0..6)
+            .map(|_| {
+                let (url, schema) = (url.clone(), schema.clone());
+                tokio::spawn(async move {
+                    PostgresStore::builder(url)
+                        .schema(schema)
+                        .pool_size(2)
+                        .connect()
+                        .await
+                })
+            })
+            .collect();
+        let mut stores = Vec::new();
+        for c in connects {
+            stores.push(c.await.unwrap().expect("every instance connects"));
+        }
+        let client = stores[0].pool().get().await.unwrap();
+        let n: i64 = client
+            .query_one(
+                &format!("SELECT count(*) FROM {schema}.idem_migrations"),
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(n, i64::from(schema::VERSION));
+        stores[0].drop_schema().await.unwrap();
+    });
+}
+
+#[test]
+fn bad_urls_and_schema_names_are_setup_errors() {
+    rt().block_on(async {
+        let e = PostgresStore::connect("not a url at all")
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), StoreErrorKind::Setup);
+        let e = PostgresStore::builder("postgres://x@127.0.0.1/x")
+            .schema("Robert'); DROP")
+            .connect()
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), StoreErrorKind::Setup);
+        // Nobody listens on port 1: unavailable, after the connect timeout.
+        let e = PostgresStore::builder("postgres://x@127.0.0.1:1/x")
+            .connect_timeout(Duration::from_secs(2))
+            .connect()
+            .await
+            .unwrap_err();
+        assert!(e.is_unavailable(), "{e:?}");
+    });
+}
+
+/// Concurrent purges from several instances delete each expired record
+/// once and never fail on each other's locks.
+#[test]
+fn concurrent_purges_share_the_work() {
+    let Some(url) = url() else { return };
+    rt().block_on(async {
+        let a = fresh(&url).await;
+        let store = a.store().clone();
+        for i in 0..300 {
+            let id = unique_id(&format!("purge-many-{i:06}"));
+            let mut req = request(&id, "{}", t0());
+            req.ttl = Duration::from_secs(60);
+            req.lease = Duration::from_secs(10);
+            store.claim_now(&req).await.unwrap();
+        }
+        let now = t0() + Duration::from_secs(60);
+        let purgers: Vec<_> = (0..4)
+            .map(|_| {
+                let s = store.clone();
+                tokio::spawn(async move {
+                    let mut total = 0;
+                    loop {
+                        let n = s.purge_expired(now, 25).await.unwrap();
+                        assert!(n <= 25);
+                        total += n;
+                        if n == 0 {
+                            return total;
+                        }
+                    }
+                })
+            })
+            .collect();
+        let mut total = 0;
+        for p in purgers {
+            total += p.await.unwrap();
+        }
+        assert_eq!(total, 300);
+    });
+}
+
+async fn business_table(store: &PostgresStore) {
+    let c = store.pool().get().await.unwrap();
+    c.batch_execute(&format!(
+        "CREATE TABLE IF NOT EXISTS {}.transfers (id bigserial PRIMARY KEY, idem_key text NOT NULL, amount bigint NOT NULL)",
+        store.schema()
+    ))
+    .await
+    .unwrap();
+}
+
+async fn transfer_rows(store: &PostgresStore, key: &str) -> i64 {
+    let c = store.pool().get().await.unwrap();
+    c.query_one(
+        &format!(
+            "SELECT count(*) FROM {}.transfers WHERE idem_key = $1",
+            store.schema()
+        ),
+        &[&key],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// Runs the transfer under atomic mode; `pause` is awaited inside the
+/// transaction, after the insert and before the commit.
+async fn atomic_transfer(
+    store: &PostgresStore,
+    id: &RecordId,
+    fence: Fence,
+    pause: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Atomic<i64, tokio_postgres::Error> {
+    let schema = store.schema().to_owned();
+    let key = id.key.as_str().to_owned();
+    store
+        .complete_atomically(id, fence, move |tx| {
+            Box::pin(async move {
+                let row = tx
+                    .query_one(&format!("INSERT INTO {schema}.transfers (idem_key, amount) VALUES ($1, 100) RETURNING id"), &[&key])
+                    .await?;
+                let tid: i64 = row.get(0);
+                pause.await;
+                Ok((tid, Completion::completed(response(201, &format!("transfer {tid}"))).with_resource_id(tid.to_string())))
+            })
+        })
+        .await
+        .unwrap()
+}
+
+#[test]
+fn atomic_mode_commits_both_or_neither() {
+    let Some(url) = url() else { return };
+    rt().block_on(async {
+        let g = fresh(&url).await;
+        let store = g.store();
+        business_table(store).await;
+
+        // Commit: row and completed record together.
+        let id = unique_id("atomic-commit-001");
+        let Claim::Acquired(lease) = store.claim_now(&request(&id, "{}", t0())).await.unwrap()
+        else {
+            panic!()
+        };
+        let Atomic::Committed(tid) = atomic_transfer(store, &id, lease.fence, async {}).await
+        else {
+            panic!("expected commit")
+        };
+        let rec = store.get(&id, t0()).await.unwrap().unwrap();
+        assert_eq!(rec.status, Status::Completed);
+        assert_eq!(rec.resource_id, Some(tid.to_string()));
+        assert_eq!(transfer_rows(store, id.key.as_str()).await, 1);
+
+        // The mutation fails: nothing is written and the record stays ours.
+        let id = unique_id("atomic-failure-01");
+        let Claim::Acquired(lease) = store.claim_now(&request(&id, "{}", t0())).await.unwrap()
+        else {
+            panic!()
+        };
+        let schema = store.schema().to_owned();
+        let key = id.key.as_str().to_owned();
+        let out = store
+            .complete_atomically(&id, lease.fence, move |tx| {
+                Box::pin(async move {
+                    tx.execute(
+                        &format!(
+                            "INSERT INTO {schema}.transfers (idem_key, amount) VALUES ($1, 1)"
+                        ),
+                        &[&key],
+                    )
+                    .await?;
+                    tx.execute("SELECT 1/0", &[]).await?;
+                    Ok::<_, tokio_postgres::Error>((
+                        (),
+                        Completion::completed(response(200, "never")),
+                    ))
+                })
+            })
+            .await
+            .unwrap();
+        assert!(matches!(out, Atomic::Failed(_)));
+        assert_eq!(transfer_rows(store, id.key.as_str()).await, 0);
+        let rec = store.get(&id, t0()).await.unwrap().unwrap();
+        assert_eq!((rec.status, rec.fence), (Status::InProgress, lease.fence));
+
+        // A stale fence: the mutation is never run.
+        let later = t0() + LEASE;
+        let Claim::Acquired(_) = store.claim_now(&request(&id, "{}", later)).await.unwrap() else {
+            panic!()
+        };
+        let out = atomic_transfer(store, &id, lease.fence, async {}).await;
+        assert!(matches!(out, Atomic::StaleFence));
+        assert_eq!(transfer_rows(store, id.key.as_str()).await, 0);
+    });
+}
+
+/// The child half of the crash tests: claims, runs the atomic transfer,
+/// says READY at the chosen point, and waits to be killed.
+#[test]
+#[ignore = "child process of the crash tests; run by them"]
+fn crash_child() {
+    let (Ok(url), Ok(schema), Ok(key), Ok(mode)) = (
+        std::env::var("IDEM_CRASH_URL"),
+        std::env::var("IDEM_CRASH_SCHEMA"),
+        std::env::var("IDEM_CRASH_KEY"),
+        std::env::var("IDEM_CRASH_MODE"),
+    ) else {
+        panic!("crash_child needs IDEM_CRASH_* variables");
+    };
+    rt().block_on(async {
+        let store = PostgresStore::builder(url)
+            .schema(schema)
+            .pool_size(2)
+            .connect()
+            .await
+            .unwrap();
+        let id = crash_id(&key);
+        let Claim::Acquired(lease) = store.claim_now(&request(&id, "{}", t0())).await.unwrap()
+        else {
+            panic!("child could not claim")
+        };
+        let before_commit = mode == "before-commit";
+        let pause = async move {
+            if before_commit {
+                println!("IDEM-CHILD-READY");
+                std::future::pending::<()>().await;
+            }
+        };
+        let out = atomic_transfer(&store, &id, lease.fence, pause).await;
+        assert!(matches!(out, Atomic::Committed(_)));
+        println!("IDEM-CHILD-READY");
+        std::future::pending::<()>().await;
+    });
+}
+
+fn crash_id(key: &str) -> RecordId {
+    RecordId::new(
+        idem_core::Scope::from_raw("crash-test"),
+        idem_core::Operation::new("POST", "/transfers"),
+        idem_core::Key::new(key).unwrap(),
+    )
+}
+
+/// Starts the child, waits for READY, kills it with SIGKILL.
+fn run_and_kill_child(url: &str, schema: &str, key: &str, mode: &str) {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "tests::crash_child",
+            "--include-ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("IDEM_CRASH_URL", url)
+        .env("IDEM_CRASH_SCHEMA", schema)
+        .env("IDEM_CRASH_KEY", key)
+        .env("IDEM_CRASH_MODE", mode)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let ready = BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok)
+        .any(|l| l.contains("IDEM-CHILD-READY"));
+    assert!(ready, "the child exited before saying READY");
+    child.kill().unwrap(); // SIGKILL on Unix
+    child.wait().unwrap();
+}
+
+fn crash_test(mode: &str) {
+    let Some(url) = url() else { return };
+    let rt = rt();
+    let g = rt.block_on(fresh(&url));
+    let store = g.store().clone();
+    rt.block_on(business_table(&store));
+    let key = format!("crash-{mode}-0001");
+    run_and_kill_child(&url, store.schema(), &key, mode);
+
+    rt.block_on(async {
+        let id = crash_id(&key);
+        // The retry comes after the lease.
+        let retry = request(&id, "{}", t0() + LEASE);
+        match (mode, store.claim_now(&retry).await.unwrap()) {
+            ("before-commit", Claim::Acquired(lease)) => {
+                assert!(lease.takeover);
+                assert_eq!(
+                    transfer_rows(&store, &key).await,
+                    0,
+                    "the killed transaction left nothing"
+                );
+                let out = atomic_transfer(&store, &id, lease.fence, async {}).await;
+                assert!(matches!(out, Atomic::Committed(_)));
+            }
+            ("after-commit", Claim::Replay(rec)) => {
+                assert_eq!(rec.status, Status::Completed);
+            }
+            (mode, other) => panic!("{mode}: unexpected claim after the crash: {other:?}"),
+        }
+        assert_eq!(transfer_rows(&store, &key).await, 1, "exactly one transfer");
+        // And any further retry replays.
+        assert!(matches!(
+            store.claim_now(&retry).await.unwrap(),
+            Claim::Replay(_)
+        ));
+    });
+}
+
+#[test]
+fn crash_before_commit_executes_once_on_retry() {
+    crash_test("before-commit");
+}
+
+#[test]
+fn crash_after_commit_replays_on_retry() {
+    crash_test("after-commit");
+}
