@@ -1,0 +1,25 @@
+-- KEYS[1] record, KEYS[2] fence counter
+-- ARGV: fingerprint, now, lease_until, expires_at (milliseconds)
+-- Reply: {outcome, fence, created_at, lease_until, expires_at, status,
+--         resource_id, response_status, response_headers, response_body}
+-- outcome: 0 acquired, 1 in flight, 2 replay, 3 mismatch, 4 takeover.
+local now = tonumber(ARGV[2])
+local r = redis.call('HMGET', KEYS[1], 'fp', 'st', 'fence', 'ca', 'lu', 'ea', 'rid', 'rs', 'rh', 'rb')
+local taken = 0
+if r[1] and tonumber(r[6]) > now then
+  if r[1] ~= ARGV[1] then
+    return {3, r[3], r[4], r[5] or '', r[6], r[2], '', '', '', ''}
+  end
+  if r[2] ~= '0' then
+    return {2, r[3], r[4], '', r[6], r[2], r[7] or '', r[8] or '', r[9] or '', r[10] or ''}
+  end
+  if tonumber(r[5]) > now then
+    return {1, r[3], r[4], r[5], r[6], r[2], '', '', '', ''}
+  end
+  taken = 4
+end
+local f = redis.call('INCR', KEYS[2])
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'fp', ARGV[1], 'st', '0', 'fence', f, 'ca', ARGV[2], 'lu', ARGV[3], 'ea', ARGV[4])
+redis.call('PEXPIREAT', KEYS[1], ARGV[4])
+return {taken, f, ARGV[2], ARGV[3], ARGV[4], '0', '', '', '', ''}

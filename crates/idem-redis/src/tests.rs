@@ -1,0 +1,254 @@
+//! Tests against the Redis named by `IDEM_TEST_REDIS_URL`; each test uses a
+//! key prefix of its own, deleted afterwards.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use idem_core::testkit::{Guarded, request, t0, unique_id};
+
+use super::*;
+
+fn url() -> Option<String> {
+    match std::env::var("IDEM_TEST_REDIS_URL") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ => {
+            eprintln!("skipped: IDEM_TEST_REDIS_URL is not set (no Redis to test against)");
+            None
+        }
+    }
+}
+
+fn prefix() -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "idem-test-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+struct DeletePrefix(Option<RedisStore>);
+
+impl Drop for DeletePrefix {
+    fn drop(&mut self) {
+        if let Some(store) = self.0.take() {
+            let _ = std::thread::spawn(move || {
+                if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    let _ = rt.block_on(store.delete_all());
+                }
+            })
+            .join();
+        }
+    }
+}
+
+async fn fresh(url: &str) -> Guarded<RedisStore> {
+    let store = RedisStore::builder(url)
+        .prefix(prefix())
+        .connect()
+        .await
+        .expect("connect to test redis");
+    Guarded::new(store.clone(), DeletePrefix(Some(store)))
+}
+
+mod conformance {
+    use super::*;
+
+    idem_core::conformance_tests!(optional async {
+        match url() {
+            Some(u) => Some(fresh(&u).await),
+            None => None,
+        }
+    });
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    idem_core::testkit::runtime()
+}
+
+/// Two connections (as two instances), 64 tasks, one key: one winner.
+#[test]
+fn cross_instance_race_has_one_winner() {
+    let Some(url) = url() else { return };
+    rt().block_on(async {
+        let a = fresh(&url).await;
+        let b = RedisStore::builder(&url)
+            .prefix(a.store().prefix())
+            .connect()
+            .await
+            .unwrap();
+        let id = unique_id("redis-cross-0001");
+        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(64));
+        let tasks: Vec<_> = (0..64)
+            .map(|i| {
+                let store = if i % 2 == 0 {
+                    a.store().clone()
+                } else {
+                    b.clone()
+                };
+                let (id, barrier) = (id.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    store.claim(&request(&id, "{}", t0())).await.unwrap()
+                })
+            })
+            .collect();
+        let mut acquired = 0;
+        for t in tasks {
+            if let Claim::Acquired(_) = t.await.unwrap() {
+                acquired += 1;
+            }
+        }
+        assert_eq!(acquired, 1);
+    });
+}
+
+/// After `SCRIPT FLUSH` the scripts are loaded again on first use.
+#[test]
+fn scripts_survive_a_flush() {
+    let Some(url) = url() else { return };
+    rt().block_on(async {
+        let g = fresh(&url).await;
+        let store = g.store();
+        let id = unique_id("redis-flush-0001");
+        assert!(matches!(
+            store.claim(&request(&id, "{}", t0())).await.unwrap(),
+            Claim::Acquired(_)
+        ));
+        let mut conn = store.conn.clone();
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(matches!(
+            store.claim(&request(&id, "{}", t0())).await.unwrap(),
+            Claim::InFlight { .. }
+        ));
+    });
+}
+
+/// A private redis-server on a free port, killed on drop.
+struct PrivateRedis {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl PrivateRedis {
+    fn start(port: u16) -> Option<PrivateRedis> {
+        let child = std::process::Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(std::process::Stdio::null())
+            .spawn();
+        match child {
+            Ok(child) => Some(PrivateRedis { child, port }),
+            Err(e) => {
+                eprintln!("skipped: cannot start redis-server ({e})");
+                None
+            }
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Waits (bounded) until the server accepts connections.
+    fn wait_ready(&self) {
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        panic!("private redis-server did not start");
+    }
+
+    fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The store fails with `Unavailable` while Redis is down and works again
+/// once it is back, without being rebuilt; the new server has no scripts,
+/// so this also proves they are reloaded.
+#[test]
+fn store_recovers_after_redis_restarts() {
+    if url().is_none() {
+        return;
+    }
+    let port = free_port();
+    let Some(server) = PrivateRedis::start(port) else {
+        return;
+    };
+    server.wait_ready();
+    rt().block_on(async {
+        let store = RedisStore::builder(server.url())
+            .timeout(Duration::from_millis(500))
+            .connect()
+            .await
+            .unwrap();
+        let id = unique_id("redis-restart-01");
+        assert!(matches!(
+            store.claim(&request(&id, "{}", t0())).await.unwrap(),
+            Claim::Acquired(_)
+        ));
+
+        server.kill();
+        let id2 = unique_id("redis-restart-02");
+        let err = store.claim(&request(&id2, "{}", t0())).await.unwrap_err();
+        assert!(err.is_unavailable(), "{err:?}");
+        let err = store.get(&id2, t0()).await.unwrap_err();
+        assert!(err.is_unavailable(), "{err:?}");
+
+        let server = PrivateRedis::start(port).expect("restart redis-server");
+        server.wait_ready();
+        // The manager reconnects in the background; give it a bounded number
+        // of attempts, each one a real operation.
+        let mut recovered = None;
+        for _ in 0..40 {
+            match store.claim(&request(&id2, "{}", t0())).await {
+                Ok(claim) => {
+                    recovered = Some(claim);
+                    break;
+                }
+                Err(e) => {
+                    assert!(e.is_unavailable(), "{e:?}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+        assert!(
+            matches!(recovered, Some(Claim::Acquired(_))),
+            "store did not recover: {recovered:?}"
+        );
+        drop(server);
+    });
+}
