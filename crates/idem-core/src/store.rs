@@ -134,6 +134,22 @@ pub enum Settled {
     StaleFence,
 }
 
+/// What an atomic-mode completion did (SQL stores: the business mutation and
+/// the record's completion in one transaction).
+#[derive(Debug)]
+#[must_use]
+pub enum Atomic<T, E> {
+    /// The mutation and the completion committed together.
+    Committed(T),
+    /// The mutation failed; its transaction was rolled back and the record
+    /// is still in progress under the caller's fence. Release it (transient
+    /// failure) or complete it as failed.
+    Failed(E),
+    /// The fence is no longer current (the lease was taken over, or the
+    /// record finished): the mutation was not run and nothing was written.
+    StaleFence,
+}
+
 /// The store operations. Every method is atomic in the backend.
 ///
 /// # Example

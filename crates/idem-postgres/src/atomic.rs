@@ -1,25 +1,10 @@
 //! Atomic mode: the business mutation and the record's completion in one
 //! PostgreSQL transaction.
 
-use idem_core::{BoxFuture, Completion, Fence, RecordId, Settled, StoreError};
+use idem_core::{Atomic, BoxFuture, Completion, Fence, RecordId, Settled, StoreError};
 
 use crate::error::{pg_error, pool_error};
 use crate::{PostgresStore, Transaction, complete_with, fence_sql};
-
-/// What [`PostgresStore::complete_atomically`] did.
-#[derive(Debug)]
-#[must_use]
-pub enum Atomic<T, E> {
-    /// The mutation and the completion committed together.
-    Committed(T),
-    /// The closure failed; the transaction was rolled back and the record is
-    /// still in progress under the caller's fence. Release it (transient
-    /// failure) or complete it as failed.
-    Failed(E),
-    /// The fence is no longer current (the lease was taken over, or the
-    /// record finished): the closure was not run and nothing was written.
-    StaleFence,
-}
 
 impl PostgresStore {
     /// Runs `mutation` inside a transaction that first locks the record

@@ -85,9 +85,9 @@ mod atomic;
 mod error;
 mod schema;
 
-pub use atomic::Atomic;
 pub use deadpool_postgres::Transaction;
 use error::{corrupt, pg_error, pool_error};
+pub use idem_core::Atomic;
 
 /// Options for connecting a store.
 #[derive(Debug, Clone)]

@@ -37,6 +37,8 @@
 //!   use `spawn_blocking`).
 //! - Dropping the last clone of a store lets the writer finish the queued
 //!   work, then closes the file.
+//! - Atomic mode: [`SqliteStore::complete_atomically`] commits a business
+//!   mutation and the record's completion together.
 //! - Busy and I/O failures are [`StoreErrorKind::Unavailable`]: the HTTP
 //!   layer answers 503 and runs nothing.
 
@@ -53,6 +55,7 @@ use idem_core::{
 use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::oneshot;
 
+mod atomic;
 mod row;
 mod schema;
 mod writer;
@@ -206,7 +209,7 @@ impl SqliteStore {
         &self.inner.path
     }
 
-    async fn submit<T>(
+    pub(crate) async fn submit<T>(
         &self,
         make: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> Job,
     ) -> Result<T, StoreError> {

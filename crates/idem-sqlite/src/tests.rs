@@ -143,3 +143,244 @@ fn concurrent_claims_on_many_keys_all_commit() {
         }
     });
 }
+
+mod atomic_mode {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+
+    use idem_core::testkit::{LEASE, request, response, t0, unique_id};
+    use idem_core::{Atomic, Key, Operation, Scope, Status};
+
+    use super::*;
+
+    fn transfer_table(path: &Path) {
+        Connection::open(path)
+            .unwrap()
+            .execute_batch(
+                "CREATE TABLE IF NOT EXISTS transfers (id INTEGER PRIMARY KEY, idem_key TEXT NOT NULL, amount INTEGER NOT NULL)",
+            )
+            .unwrap();
+    }
+
+    fn rows(path: &Path, key: &str) -> i64 {
+        Connection::open(path)
+            .unwrap()
+            .query_row(
+                "SELECT count(*) FROM transfers WHERE idem_key = ?1",
+                [key],
+                |r| r.get(0),
+            )
+            .unwrap()
+    }
+
+    async fn transfer(
+        store: &SqliteStore,
+        id: &RecordId,
+        fence: Fence,
+    ) -> Atomic<i64, rusqlite::Error> {
+        let key = id.key.as_str().to_owned();
+        store
+            .complete_atomically(id, fence, move |conn| {
+                conn.execute(
+                    "INSERT INTO transfers (idem_key, amount) VALUES (?1, 100)",
+                    [&key],
+                )?;
+                let tid = conn.last_insert_rowid();
+                let c = Completion::completed(response(201, &format!("transfer {tid}")))
+                    .with_resource_id(tid.to_string());
+                Ok((tid, c))
+            })
+            .await
+            .unwrap()
+    }
+
+    #[test]
+    fn commits_both_or_neither() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("atomic.db");
+        let store = SqliteStore::open(&path).unwrap();
+        transfer_table(&path);
+        idem_core::testkit::runtime().block_on(async {
+            let id = unique_id("sqlite-atomic-01");
+            let Claim::Acquired(lease) = store.claim(&request(&id, "{}", t0())).await.unwrap()
+            else {
+                panic!()
+            };
+            let Atomic::Committed(tid) = transfer(&store, &id, lease.fence).await else {
+                panic!("expected commit")
+            };
+            let rec = store.get(&id, t0()).await.unwrap().unwrap();
+            assert_eq!(rec.status, Status::Completed);
+            assert_eq!(rec.resource_id, Some(tid.to_string()));
+            assert_eq!(rows(&path, id.key.as_str()), 1);
+
+            // A failing mutation: rolled back, the record stays ours.
+            let id = unique_id("sqlite-atomic-02");
+            let Claim::Acquired(lease) = store.claim(&request(&id, "{}", t0())).await.unwrap()
+            else {
+                panic!()
+            };
+            let key = id.key.as_str().to_owned();
+            let out = store
+                .complete_atomically(&id, lease.fence, move |conn| {
+                    conn.execute(
+                        "INSERT INTO transfers (idem_key, amount) VALUES (?1, 1)",
+                        [&key],
+                    )?;
+                    conn.execute("INSERT INTO no_such_table VALUES (1)", [])?;
+                    Ok::<_, rusqlite::Error>(((), Completion::completed(response(200, "never"))))
+                })
+                .await
+                .unwrap();
+            assert!(matches!(out, Atomic::Failed(_)));
+            assert_eq!(rows(&path, id.key.as_str()), 0);
+            let rec = store.get(&id, t0()).await.unwrap().unwrap();
+            assert_eq!((rec.status, rec.fence), (Status::InProgress, lease.fence));
+
+            // A panicking mutation: rolled back, and the writer lives on.
+            let key = id.key.as_str().to_owned();
+            let out = store
+                .complete_atomically(
+                    &id,
+                    lease.fence,
+                    move |conn| -> Result<((), Completion), rusqlite::Error> {
+                        conn.execute(
+                            "INSERT INTO transfers (idem_key, amount) VALUES (?1, 1)",
+                            [&key],
+                        )?;
+                        panic!("mutation bug");
+                    },
+                )
+                .await;
+            assert!(out.is_err());
+            assert_eq!(rows(&path, id.key.as_str()), 0);
+
+            // A stale fence: the mutation never runs.
+            let Claim::Acquired(_) = store
+                .claim(&request(&id, "{}", t0() + LEASE))
+                .await
+                .unwrap()
+            else {
+                panic!()
+            };
+            assert!(matches!(
+                transfer(&store, &id, lease.fence).await,
+                Atomic::StaleFence
+            ));
+            assert_eq!(rows(&path, id.key.as_str()), 0);
+        });
+    }
+
+    fn crash_id(key: &str) -> RecordId {
+        RecordId::new(
+            Scope::from_raw("crash-test"),
+            Operation::new("POST", "/transfers"),
+            Key::new(key).unwrap(),
+        )
+    }
+
+    /// The child half of the crash tests.
+    #[test]
+    #[ignore = "child process of the crash tests; run by them"]
+    fn crash_child() {
+        let (Ok(path), Ok(key), Ok(mode)) = (
+            std::env::var("IDEM_CRASH_PATH"),
+            std::env::var("IDEM_CRASH_KEY"),
+            std::env::var("IDEM_CRASH_MODE"),
+        ) else {
+            panic!("crash_child needs IDEM_CRASH_* variables");
+        };
+        idem_core::testkit::runtime().block_on(async {
+            let store = SqliteStore::open(&path).unwrap();
+            let id = crash_id(&key);
+            let Claim::Acquired(lease) = store.claim(&request(&id, "{}", t0())).await.unwrap()
+            else {
+                panic!("child could not claim")
+            };
+            let before_commit = mode == "before-commit";
+            let key2 = key.clone();
+            let out = store
+                .complete_atomically(&id, lease.fence, move |conn| {
+                    conn.execute(
+                        "INSERT INTO transfers (idem_key, amount) VALUES (?1, 100)",
+                        [&key2],
+                    )?;
+                    if before_commit {
+                        println!("IDEM-CHILD-READY");
+                        loop {
+                            std::thread::park();
+                        }
+                    }
+                    Ok::<_, rusqlite::Error>(((), Completion::completed(response(201, "child"))))
+                })
+                .await
+                .unwrap();
+            assert!(matches!(out, Atomic::Committed(())));
+            println!("IDEM-CHILD-READY");
+            std::future::pending::<()>().await;
+        });
+    }
+
+    fn crash_test(mode: &str) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("crash.db");
+        drop(SqliteStore::open(&path).unwrap());
+        transfer_table(&path);
+        let key = format!("crash-{mode}-0001");
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "tests::atomic_mode::crash_child",
+                "--include-ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("IDEM_CRASH_PATH", &path)
+            .env("IDEM_CRASH_KEY", &key)
+            .env("IDEM_CRASH_MODE", mode)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        let ready = BufReader::new(out)
+            .lines()
+            .map_while(Result::ok)
+            .any(|l| l.contains("IDEM-CHILD-READY"));
+        assert!(ready, "the child exited before saying READY");
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+
+        let store = SqliteStore::open(&path).unwrap();
+        idem_core::testkit::runtime().block_on(async {
+            let id = crash_id(&key);
+            let retry = request(&id, "{}", t0() + LEASE);
+            match (mode, store.claim(&retry).await.unwrap()) {
+                ("before-commit", Claim::Acquired(lease)) => {
+                    assert!(lease.takeover);
+                    assert_eq!(rows(&path, &key), 0, "the killed transaction left nothing");
+                    assert!(matches!(
+                        transfer(&store, &id, lease.fence).await,
+                        Atomic::Committed(_)
+                    ));
+                }
+                ("after-commit", Claim::Replay(rec)) => assert_eq!(rec.status, Status::Completed),
+                (mode, other) => panic!("{mode}: unexpected claim after the crash: {other:?}"),
+            }
+            assert_eq!(rows(&path, &key), 1, "exactly one transfer");
+            assert!(matches!(
+                store.claim(&retry).await.unwrap(),
+                Claim::Replay(_)
+            ));
+        });
+    }
+
+    #[test]
+    fn crash_before_commit_executes_once_on_retry() {
+        crash_test("before-commit");
+    }
+
+    #[test]
+    fn crash_after_commit_replays_on_retry() {
+        crash_test("after-commit");
+    }
+}

@@ -38,6 +38,17 @@ pub(crate) enum Job {
         oneshot::Sender<Result<Settled, StoreError>>,
     ),
     Purge(Timestamp, usize, oneshot::Sender<Result<usize, StoreError>>),
+    /// Caller code to run inside the batch's transaction (atomic mode).
+    Atomic(Box<dyn AtomicJob>),
+}
+
+/// A unit of atomic-mode work for the writer.
+pub(crate) trait AtomicJob: Send {
+    /// Runs inside the batch's transaction; returns what to do with the
+    /// batch's outcome once it is known.
+    fn run(self: Box<Self>, conn: &Connection) -> Box<dyn FnOnce(Result<(), StoreError>) + Send>;
+    /// Answers without running: the batch failed before reaching the job.
+    fn refuse(self: Box<Self>, e: StoreError);
 }
 
 /// An answer held back until the batch commits.
@@ -54,6 +65,8 @@ enum Reply {
         oneshot::Sender<Result<usize, StoreError>>,
         Result<usize, StoreError>,
     ),
+    Atomic(Box<dyn FnOnce(Result<(), StoreError>) + Send>),
+    None,
 }
 
 impl Reply {
@@ -75,6 +88,8 @@ impl Reply {
             Reply::Claim(tx, r) => drop(tx.send(pick(r, batch))),
             Reply::Settled(tx, r) => drop(tx.send(pick(r, batch))),
             Reply::Count(tx, r) => drop(tx.send(pick(r, batch))),
+            Reply::Atomic(finish) => finish(pick(Ok(()), batch)),
+            Reply::None => {}
         }
     }
 }
@@ -175,6 +190,10 @@ impl Writer {
             Job::Claim(_, tx) => Reply::Claim(tx, Err(e())),
             Job::Complete(_, _, _, tx) | Job::Release(_, _, tx) => Reply::Settled(tx, Err(e())),
             Job::Purge(_, _, tx) => Reply::Count(tx, Err(e())),
+            Job::Atomic(job) => {
+                job.refuse(e());
+                Reply::None
+            }
         }
     }
 
@@ -202,6 +221,7 @@ impl Writer {
                     .map_err(|e| store_error("purging", e));
                 Reply::Count(tx, r)
             }
+            Job::Atomic(job) => Reply::Atomic(job.run(&self.conn)),
         }
     }
 

@@ -1,0 +1,172 @@
+//! Atomic mode for SQLite: the caller's mutation runs on the writer thread,
+//! inside the batch's transaction, under a savepoint.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use idem_core::{Atomic, Completion, Fence, RecordId, Settled, StoreError, StoreErrorKind};
+use rusqlite::{Connection, OptionalExtension, params};
+use tokio::sync::oneshot;
+
+use crate::SqliteStore;
+use crate::row::{fence_to_sql, store_error};
+use crate::writer::{AtomicJob, Job, complete_in};
+
+type Answer<T, E> = oneshot::Sender<Result<Atomic<T, E>, StoreError>>;
+
+struct Task<T, E, F> {
+    id: RecordId,
+    fence: Fence,
+    mutation: F,
+    answer: Answer<T, E>,
+}
+
+impl<T, E, F> AtomicJob for Task<T, E, F>
+where
+    T: Send + 'static,
+    E: Send + 'static,
+    F: FnOnce(&Connection) -> Result<(T, Completion), E> + Send + 'static,
+{
+    fn run(self: Box<Self>, conn: &Connection) -> Box<dyn FnOnce(Result<(), StoreError>) + Send> {
+        let Task {
+            id,
+            fence,
+            mutation,
+            answer,
+        } = *self;
+        let result = run_in_savepoint(conn, &id, fence, mutation);
+        Box::new(move |batch| {
+            let _ = answer.send(batch.and(result));
+        })
+    }
+
+    fn refuse(self: Box<Self>, e: StoreError) {
+        let _ = self.answer.send(Err(e));
+    }
+}
+
+fn run_in_savepoint<T, E>(
+    conn: &Connection,
+    id: &RecordId,
+    fence: Fence,
+    mutation: impl FnOnce(&Connection) -> Result<(T, Completion), E>,
+) -> Result<Atomic<T, E>, StoreError> {
+    let Some(sql_fence) = fence_to_sql(fence) else {
+        return Ok(Atomic::StaleFence);
+    };
+    let sql = |e| store_error("atomic mode", e);
+    conn.execute_batch("SAVEPOINT idem_atomic").map_err(sql)?;
+    let undo = || {
+        conn.execute_batch("ROLLBACK TO idem_atomic; RELEASE idem_atomic")
+            .map_err(|e| store_error("rolling back an atomic mutation", e))
+    };
+    let held = conn
+        .prepare_cached(
+            "SELECT 1 FROM idem_records WHERE scope = ?1 AND operation = ?2 AND key = ?3 \
+             AND fence = ?4 AND status = 0",
+        )
+        .and_then(|mut s| {
+            s.query_row(
+                params![
+                    id.scope.as_str(),
+                    id.operation.as_str(),
+                    id.key.as_str(),
+                    sql_fence
+                ],
+                |_| Ok(()),
+            )
+            .optional()
+        })
+        .map_err(sql)?;
+    if held.is_none() {
+        undo()?;
+        return Ok(Atomic::StaleFence);
+    }
+    // A panicking mutation must not take the writer thread down with it.
+    let (value, completion) = match catch_unwind(AssertUnwindSafe(|| mutation(conn))) {
+        Ok(Ok(done)) => done,
+        Ok(Err(e)) => {
+            undo()?;
+            return Ok(Atomic::Failed(e));
+        }
+        Err(_) => {
+            undo()?;
+            return Err(StoreError::new(
+                StoreErrorKind::Backend,
+                "sqlite store: the atomic mutation panicked; it was rolled back",
+            ));
+        }
+    };
+    match complete_in(conn, id, fence, &completion).map_err(sql)? {
+        Settled::Applied => {
+            conn.execute_batch("RELEASE idem_atomic").map_err(sql)?;
+            Ok(Atomic::Committed(value))
+        }
+        Settled::StaleFence => {
+            undo()?;
+            Ok(Atomic::StaleFence)
+        }
+    }
+}
+
+impl SqliteStore {
+    /// Runs `mutation` and the completion of the record in one transaction:
+    /// both are on disk together, or neither is.
+    ///
+    /// The mutation runs on the store's writer thread, inside the group
+    /// commit transaction, under a savepoint: it must be short SQL on the
+    /// given connection (no network calls, no waiting), since every other
+    /// write waits for it. It sees the record locked by construction (one
+    /// writer), and is not run at all when `fence` is stale.
+    ///
+    /// Returns once the batch holding it has committed. If the process dies
+    /// first, neither the mutation nor the completion happened, and a retry
+    /// after the lease executes once. Dropping the returned future does not
+    /// cancel the mutation once the writer has taken it.
+    ///
+    /// # Example
+    ///
+    /// ```no_run
+    /// # use idem_core::{Atomic, Claim, Completion, StoredResponse, Store};
+    /// # async fn run(store: idem_sqlite::SqliteStore, req: idem_core::ClaimRequest) -> Result<(), idem_core::StoreError> {
+    /// if let Claim::Acquired(lease) = store.claim(&req).await? {
+    ///     let out = store
+    ///         .complete_atomically(&req.id, lease.fence, |conn| {
+    ///             conn.execute("INSERT INTO transfers (amount) VALUES (100)", [])?;
+    ///             let id = conn.last_insert_rowid();
+    ///             let response = StoredResponse { status: 201, headers: vec![], body: id.to_string().into_bytes() };
+    ///             Ok::<_, rusqlite::Error>((id, Completion::completed(response).with_resource_id(id.to_string())))
+    ///         })
+    ///         .await?;
+    ///     if let Atomic::Committed(id) = out {
+    ///         println!("transfer {id} and its record committed together");
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`StoreError`] when SQLite fails, when the batch could not commit
+    /// (then nothing of it is on disk), or when the mutation panicked.
+    pub async fn complete_atomically<T, E, F>(
+        &self,
+        id: &RecordId,
+        fence: Fence,
+        mutation: F,
+    ) -> Result<Atomic<T, E>, StoreError>
+    where
+        T: Send + 'static,
+        E: Send + 'static,
+        F: FnOnce(&Connection) -> Result<(T, Completion), E> + Send + 'static,
+    {
+        let id = id.clone();
+        self.submit(move |answer| {
+            Job::Atomic(Box::new(Task {
+                id,
+                fence,
+                mutation,
+                answer,
+            }))
+        })
+        .await
+    }
+}
