@@ -10,6 +10,9 @@ use super::*;
 pub(crate) fn url() -> Option<String> {
     match std::env::var("IDEM_TEST_POSTGRES_URL") {
         Ok(url) if !url.is_empty() => Some(url),
+        _ if std::env::var_os("CI").is_some() => {
+            panic!("IDEM_TEST_POSTGRES_URL must be set under CI: these tests may not skip there")
+        }
         _ => {
             eprintln!("skipped: IDEM_TEST_POSTGRES_URL is not set (no PostgreSQL to test against)");
             None
@@ -69,8 +72,6 @@ mod conformance {
 }
 
 use idem_core::testkit::{LEASE, request, response, t0, unique_id};
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
 
 fn rt() -> tokio::runtime::Runtime {
     idem_core::testkit::runtime()
@@ -89,28 +90,8 @@ fn cross_instance_race_has_one_winner() {
             .connect()
             .await
             .unwrap();
-        let id = unique_id("cross-instance-01");
-        let barrier = Arc::new(tokio::sync::Barrier::new(64));
-        let mut tasks = Vec::new();
-        for i in 0..64 {
-            let store = if i % 2 == 0 {
-                a.store().clone()
-            } else {
-                b.clone()
-            };
-            let (id, barrier) = (id.clone(), barrier.clone());
-            tasks.push(tokio::spawn(async move {
-                barrier.wait().await;
-                store.claim_now(&request(&id, "{}", t0())).await.unwrap()
-            }));
-        }
-        let mut acquired = 0;
-        for t in tasks {
-            if let Claim::Acquired(_) = t.await.unwrap() {
-                acquired += 1;
-            }
-        }
-        assert_eq!(acquired, 1);
+        idem_core::testkit::race_one_key_across(&[Arc::new(a.store().clone()), Arc::new(b)], 64)
+            .await;
     });
 }
 
@@ -357,13 +338,13 @@ fn crash_child() {
         let before_commit = mode == "before-commit";
         let pause = async move {
             if before_commit {
-                println!("IDEM-CHILD-READY");
+                println!("{}", idem_core::testkit::crash::READY);
                 std::future::pending::<()>().await;
             }
         };
         let out = atomic_transfer(&store, &id, lease.fence, pause).await;
         assert!(matches!(out, Atomic::Committed(_)));
-        println!("IDEM-CHILD-READY");
+        println!("{}", idem_core::testkit::crash::READY);
         std::future::pending::<()>().await;
     });
 }
@@ -378,30 +359,15 @@ fn crash_id(key: &str) -> RecordId {
 
 /// Starts the child, waits for READY, kills it with SIGKILL.
 fn run_and_kill_child(url: &str, schema: &str, key: &str, mode: &str) {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "tests::crash_child",
-            "--include-ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("IDEM_CRASH_URL", url)
-        .env("IDEM_CRASH_SCHEMA", schema)
-        .env("IDEM_CRASH_KEY", key)
-        .env("IDEM_CRASH_MODE", mode)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let ready = BufReader::new(stdout)
-        .lines()
-        .map_while(Result::ok)
-        .any(|l| l.contains("IDEM-CHILD-READY"));
-    assert!(ready, "the child exited before saying READY");
-    child.kill().unwrap(); // SIGKILL on Unix
-    child.wait().unwrap();
+    idem_core::testkit::crash::run_until_ready_then_kill(
+        "tests::crash_child",
+        &[
+            ("IDEM_CRASH_URL", url.as_ref()),
+            ("IDEM_CRASH_SCHEMA", schema.as_ref()),
+            ("IDEM_CRASH_KEY", key.as_ref()),
+            ("IDEM_CRASH_MODE", mode.as_ref()),
+        ],
+    );
 }
 
 fn crash_test(mode: &str) {

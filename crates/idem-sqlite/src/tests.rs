@@ -145,9 +145,6 @@ fn concurrent_claims_on_many_keys_all_commit() {
 }
 
 mod atomic_mode {
-    use std::io::{BufRead, BufReader};
-    use std::process::{Command, Stdio};
-
     use idem_core::testkit::{LEASE, request, response, t0, unique_id};
     use idem_core::{Atomic, Key, Operation, Scope, Status};
 
@@ -306,7 +303,7 @@ mod atomic_mode {
                         [&key2],
                     )?;
                     if before_commit {
-                        println!("IDEM-CHILD-READY");
+                        println!("{}", idem_core::testkit::crash::READY);
                         loop {
                             std::thread::park();
                         }
@@ -316,7 +313,7 @@ mod atomic_mode {
                 .await
                 .unwrap();
             assert!(matches!(out, Atomic::Committed(())));
-            println!("IDEM-CHILD-READY");
+            println!("{}", idem_core::testkit::crash::READY);
             std::future::pending::<()>().await;
         });
     }
@@ -327,28 +324,14 @@ mod atomic_mode {
         drop(SqliteStore::open(&path).unwrap());
         transfer_table(&path);
         let key = format!("crash-{mode}-0001");
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "tests::atomic_mode::crash_child",
-                "--include-ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env("IDEM_CRASH_PATH", &path)
-            .env("IDEM_CRASH_KEY", &key)
-            .env("IDEM_CRASH_MODE", mode)
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let out = child.stdout.take().unwrap();
-        let ready = BufReader::new(out)
-            .lines()
-            .map_while(Result::ok)
-            .any(|l| l.contains("IDEM-CHILD-READY"));
-        assert!(ready, "the child exited before saying READY");
-        child.kill().unwrap(); // SIGKILL
-        child.wait().unwrap();
+        idem_core::testkit::crash::run_until_ready_then_kill(
+            "tests::atomic_mode::crash_child",
+            &[
+                ("IDEM_CRASH_PATH", path.as_os_str()),
+                ("IDEM_CRASH_KEY", key.as_ref()),
+                ("IDEM_CRASH_MODE", mode.as_ref()),
+            ],
+        );
 
         let store = SqliteStore::open(&path).unwrap();
         idem_core::testkit::runtime().block_on(async {

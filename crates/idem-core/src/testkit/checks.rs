@@ -334,11 +334,22 @@ pub async fn purge_deletes_only_expired_in_bounded_batches<S: Store + ?Sized>(st
 /// `tasks` concurrent claims of one key: exactly one `Acquired`, all others
 /// `InFlight`.
 pub async fn race_one_key<S: Store>(store: Arc<S>, tasks: usize) {
+    race_one_key_across(&[store], tasks).await;
+}
+
+/// As [`race_one_key`], the tasks spread round-robin over several handles
+/// on one backend (as several instances would hold).
+pub async fn race_one_key_across<S: Store>(stores: &[Arc<S>], tasks: usize) {
+    assert!(!stores.is_empty(), "race needs a store");
     let id = unique_id("race-key-0000001");
     let barrier = Arc::new(tokio::sync::Barrier::new(tasks));
     let mut handles = Vec::with_capacity(tasks);
-    for _ in 0..tasks {
-        let (store, barrier, id) = (store.clone(), barrier.clone(), id.clone());
+    for i in 0..tasks {
+        let (store, barrier, id) = (
+            stores[i % stores.len()].clone(),
+            barrier.clone(),
+            id.clone(),
+        );
         handles.push(tokio::spawn(async move {
             barrier.wait().await;
             store.claim(&request(&id, r#"{"race":true}"#, t0())).await

@@ -27,6 +27,7 @@ use crate::{
 };
 
 mod checks;
+pub mod crash;
 mod model;
 
 pub use checks::*;
