@@ -25,13 +25,4 @@ for c in 1 16 64; do
     echo "pgbench/$c $tps" >> target/pg-bench.txt
 done
 rm -f "$script"
-python3 - <<'PY'
-rows = [l.split() for l in open("target/pg-bench.txt")] + [l.split() for l in open("target/pg-store.txt")]
-rates = {k: float(v) for k, v in rows}
-limit_name = max((k for k in rates if k.startswith("pgbench/")), key=rates.get)
-limit = rates[limit_name]
-print(f"| benchmark | pairs per second | ratio to backend limit ({limit_name}) |")
-print("|---|---:|---:|")
-for k, v in rates.items():
-    print(f"| {k} | {v:,.0f} | {v / limit:.2f} |")
-PY
+python3 bench/ratio-table.py pgbench/ target/pg-bench.txt target/pg-store.txt

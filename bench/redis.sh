@@ -29,13 +29,4 @@ for c in 1 16 64; do
     python3 -c "print('redis-benchmark/$c', 1 / (1 / $claims + 1 / $completes))" >> target/redis-bench.txt
 done
 redis-cli -h "$host" -p "$port" --scan --pattern 'idem-rb:*' | xargs -r -n 1000 redis-cli -h "$host" -p "$port" DEL >/dev/null
-python3 - <<'PY'
-rows = [l.split() for l in open("target/redis-bench.txt")] + [l.split() for l in open("target/redis-store.txt")]
-rates = {k: float(v) for k, v in rows}
-limit_name = max((k for k in rates if k.startswith("redis-benchmark/")), key=rates.get)
-limit = rates[limit_name]
-print(f"| benchmark | pairs per second | ratio to backend limit ({limit_name}) |")
-print("|---|---:|---:|")
-for k, v in rates.items():
-    print(f"| {k} | {v:,.0f} | {v / limit:.2f} |")
-PY
+python3 bench/ratio-table.py redis-benchmark/ target/redis-bench.txt target/redis-store.txt

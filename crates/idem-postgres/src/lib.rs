@@ -74,12 +74,12 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
 use idem_core::{
     BoxFuture, Claim, ClaimRequest, Completion, Fence, Fingerprint, Lease, Record, RecordId,
     Settled, Status, Store, StoreError, StoreErrorKind, StoredResponse, Timestamp,
 };
-use tokio_postgres::{NoTls, Row};
+use tokio_postgres::{NoTls, Row, Statement};
 
 mod atomic;
 mod error;
@@ -228,6 +228,15 @@ impl fmt::Debug for PostgresStore {
     }
 }
 
+/// One row changed: the fence was current. None: it was not.
+fn settled(changed: u64) -> Settled {
+    if changed == 1 {
+        Settled::Applied
+    } else {
+        Settled::StaleFence
+    }
+}
+
 fn fence_sql(fence: Fence) -> Option<i64> {
     i64::try_from(fence.get()).ok()
 }
@@ -303,16 +312,23 @@ impl PostgresStore {
             .map_err(|e| pg_error("dropping the schema", e))
     }
 
+    /// A pooled connection with `sql` prepared on it (statements are cached
+    /// per connection, so this is a lookup after the first time).
+    async fn prepared(&self, sql: &str, what: &str) -> Result<(Object, Statement), StoreError> {
+        let client = self.inner.pool.get().await.map_err(pool_error)?;
+        let stmt = client
+            .prepare_cached(sql)
+            .await
+            .map_err(|e| pg_error(&format!("preparing {what}"), e))?;
+        Ok((client, stmt))
+    }
+
     /// The claim, callable without naming the trait.
     ///
     /// # Errors
     /// As [`Store::claim`].
     pub async fn claim_now(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
-        let client = self.inner.pool.get().await.map_err(pool_error)?;
-        let stmt = client
-            .prepare_cached(&self.inner.sql.claim)
-            .await
-            .map_err(|e| pg_error("preparing claim", e))?;
+        let (client, stmt) = self.prepared(&self.inner.sql.claim, "claim").await?;
         let row = client
             .query_one(
                 &stmt,
@@ -404,11 +420,7 @@ impl Store for PostgresStore {
             let Some(fence) = fence_sql(fence) else {
                 return Ok(Settled::StaleFence);
             };
-            let client = self.inner.pool.get().await.map_err(pool_error)?;
-            let stmt = client
-                .prepare_cached(&self.inner.sql.release)
-                .await
-                .map_err(|e| pg_error("preparing release", e))?;
+            let (client, stmt) = self.prepared(&self.inner.sql.release, "release").await?;
             let n = client
                 .execute(
                     &stmt,
@@ -421,11 +433,7 @@ impl Store for PostgresStore {
                 )
                 .await
                 .map_err(|e| pg_error("releasing", e))?;
-            Ok(if n == 1 {
-                Settled::Applied
-            } else {
-                Settled::StaleFence
-            })
+            Ok(settled(n))
         })
     }
 
@@ -435,11 +443,7 @@ impl Store for PostgresStore {
         now: Timestamp,
     ) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
         Box::pin(async move {
-            let client = self.inner.pool.get().await.map_err(pool_error)?;
-            let stmt = client
-                .prepare_cached(&self.inner.sql.get)
-                .await
-                .map_err(|e| pg_error("preparing get", e))?;
+            let (client, stmt) = self.prepared(&self.inner.sql.get, "get").await?;
             let row = client
                 .query_opt(
                     &stmt,
@@ -483,11 +487,7 @@ impl Store for PostgresStore {
         limit: usize,
     ) -> BoxFuture<'_, Result<usize, StoreError>> {
         Box::pin(async move {
-            let client = self.inner.pool.get().await.map_err(pool_error)?;
-            let stmt = client
-                .prepare_cached(&self.inner.sql.purge)
-                .await
-                .map_err(|e| pg_error("preparing purge", e))?;
+            let (client, stmt) = self.prepared(&self.inner.sql.purge, "purge").await?;
             let limit = i64::try_from(limit).unwrap_or(i64::MAX);
             let n = client
                 .execute(&stmt, &[&now.as_millis(), &limit])
@@ -527,11 +527,7 @@ async fn complete_with<C: deadpool_postgres::GenericClient + Sync>(
         )
         .await
         .map_err(|e| pg_error("completing", e))?;
-    Ok(if n == 1 {
-        Settled::Applied
-    } else {
-        Settled::StaleFence
-    })
+    Ok(settled(n))
 }
 
 #[cfg(test)]

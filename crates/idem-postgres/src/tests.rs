@@ -3,21 +3,12 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use idem_core::testkit::Guarded;
+use idem_core::testkit::{CleanupOnDrop, Guarded};
 
 use super::*;
 
 pub(crate) fn url() -> Option<String> {
-    match std::env::var("IDEM_TEST_POSTGRES_URL") {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ if std::env::var_os("CI").is_some() => {
-            panic!("IDEM_TEST_POSTGRES_URL must be set under CI: these tests may not skip there")
-        }
-        _ => {
-            eprintln!("skipped: IDEM_TEST_POSTGRES_URL is not set (no PostgreSQL to test against)");
-            None
-        }
-    }
+    idem_core::testkit::backend_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL")
 }
 
 pub(crate) fn schema_name(tag: &str) -> String {
@@ -29,26 +20,6 @@ pub(crate) fn schema_name(tag: &str) -> String {
     )
 }
 
-/// Drops the schema when the test's store goes away.
-struct DropSchema(Option<PostgresStore>);
-
-impl Drop for DropSchema {
-    fn drop(&mut self) {
-        if let Some(store) = self.0.take() {
-            // The test's runtime may be gone; use a small one of our own.
-            let _ = std::thread::spawn(move || {
-                if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    let _ = rt.block_on(store.drop_schema());
-                }
-            })
-            .join();
-        }
-    }
-}
-
 async fn fresh(url: &str) -> Guarded<PostgresStore> {
     let store = PostgresStore::builder(url)
         .schema(schema_name("c"))
@@ -56,7 +27,13 @@ async fn fresh(url: &str) -> Guarded<PostgresStore> {
         .connect()
         .await
         .expect("connect to test postgres");
-    Guarded::new(store.clone(), DropSchema(Some(store)))
+    let dropper = store.clone();
+    Guarded::new(
+        store,
+        CleanupOnDrop::new(move || async move {
+            let _ = dropper.drop_schema().await;
+        }),
+    )
 }
 
 /// The conformance suite, each check on its own schema.

@@ -151,6 +151,24 @@ fn redis_error(context: &str, e: redis::RedisError) -> StoreError {
     StoreError::new(kind, format!("redis store: {context}")).with_source(e)
 }
 
+/// One `SCAN` page of keys matching `pattern`: the next cursor (0 at the
+/// end) and the keys. Pages are bounded, so no call blocks the server.
+async fn scan_page(
+    conn: &mut ConnectionManager,
+    cursor: u64,
+    pattern: &str,
+) -> Result<(u64, Vec<String>), StoreError> {
+    redis::cmd("SCAN")
+        .arg(cursor)
+        .arg("MATCH")
+        .arg(pattern)
+        .arg("COUNT")
+        .arg(500)
+        .query_async(conn)
+        .await
+        .map_err(|e| redis_error("scanning", e))
+}
+
 fn corrupt(what: &str) -> StoreError {
     StoreError::new(
         StoreErrorKind::Corrupt,
@@ -266,15 +284,7 @@ impl RedisStore {
         let pattern = format!("{}:*", self.prefix);
         let mut cursor: u64 = 0;
         loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| redis_error("scanning", e))?;
+            let (next, keys) = scan_page(&mut conn, cursor, &pattern).await?;
             if !keys.is_empty() {
                 let _: i64 = redis::cmd("DEL")
                     .arg(&keys)
@@ -417,15 +427,7 @@ impl RedisStore {
         let mut purged = 0usize;
         let mut cursor: u64 = 0;
         loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(500)
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| redis_error("scanning for expired records", e))?;
+            let (next, keys) = scan_page(&mut conn, cursor, &pattern).await?;
             if !keys.is_empty() {
                 let mut inv = self.scripts.purge.prepare_invoke();
                 for k in &keys {

@@ -3,21 +3,12 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use idem_core::testkit::{Guarded, request, t0, unique_id};
+use idem_core::testkit::{CleanupOnDrop, Guarded, request, t0, unique_id};
 
 use super::*;
 
 fn url() -> Option<String> {
-    match std::env::var("IDEM_TEST_REDIS_URL") {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ if std::env::var_os("CI").is_some() => {
-            panic!("IDEM_TEST_REDIS_URL must be set under CI: these tests may not skip there")
-        }
-        _ => {
-            eprintln!("skipped: IDEM_TEST_REDIS_URL is not set (no Redis to test against)");
-            None
-        }
-    }
+    idem_core::testkit::backend_url("IDEM_TEST_REDIS_URL", "Redis")
 }
 
 fn prefix() -> String {
@@ -29,31 +20,19 @@ fn prefix() -> String {
     )
 }
 
-struct DeletePrefix(Option<RedisStore>);
-
-impl Drop for DeletePrefix {
-    fn drop(&mut self) {
-        if let Some(store) = self.0.take() {
-            let _ = std::thread::spawn(move || {
-                if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    let _ = rt.block_on(store.delete_all());
-                }
-            })
-            .join();
-        }
-    }
-}
-
 async fn fresh(url: &str) -> Guarded<RedisStore> {
     let store = RedisStore::builder(url)
         .prefix(prefix())
         .connect()
         .await
         .expect("connect to test redis");
-    Guarded::new(store.clone(), DeletePrefix(Some(store)))
+    let cleaner = store.clone();
+    Guarded::new(
+        store,
+        CleanupOnDrop::new(move || async move {
+            let _ = cleaner.delete_all().await;
+        }),
+    )
 }
 
 mod conformance {

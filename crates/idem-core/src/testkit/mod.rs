@@ -279,3 +279,82 @@ pub async fn pairs_per_second<S: Store>(
     }
     pairs as f64 / elapsed.as_secs_f64()
 }
+
+/// The URL of a test backend from the environment variable `var`.
+///
+/// Absent or empty: `None`, after printing why the tests skip, so that
+/// `cargo test` passes on a machine with only Rust. Under CI (`CI` set)
+/// an absent URL panics instead: CI may not skip.
+pub fn backend_url(var: &str, what: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ if std::env::var_os("CI").is_some() => {
+            panic!("{var} must be set under CI: the {what} tests may not skip there")
+        }
+        _ => {
+            eprintln!("skipped: {var} is not set (no {what} to test against)");
+            None
+        }
+    }
+}
+
+type CleanupFn = Box<dyn FnOnce() -> crate::BoxFuture<'static, ()> + Send>;
+
+/// Runs an async clean-up (drop a schema, delete a key prefix) when
+/// dropped, on a runtime of its own: the test's runtime may be gone by then.
+/// Errors in the clean-up are ignored; it is best effort.
+pub struct CleanupOnDrop(std::sync::Mutex<Option<CleanupFn>>);
+
+impl std::fmt::Debug for CleanupOnDrop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CleanupOnDrop")
+    }
+}
+
+impl CleanupOnDrop {
+    /// Will run `cleanup()` to completion on drop.
+    pub fn new<F, Fut>(cleanup: F) -> CleanupOnDrop
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        CleanupOnDrop(std::sync::Mutex::new(Some(Box::new(move || {
+            Box::pin(cleanup()) as crate::BoxFuture<'static, ()>
+        }))))
+    }
+}
+
+impl Drop for CleanupOnDrop {
+    fn drop(&mut self) {
+        let taken = self
+            .0
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(cleanup) = taken {
+            let _ = std::thread::spawn(move || {
+                if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    rt.block_on(cleanup());
+                }
+            })
+            .join();
+        }
+    }
+}
+
+/// The store benchmarks' main loop: pairs per second at 1, 16 and 256
+/// tasks, one line each (`store/N RATE`), `IDEM_BENCH_SECS` seconds per
+/// figure (default 5).
+pub async fn print_pair_rates<S: Store>(store: std::sync::Arc<S>) {
+    let secs: u64 = std::env::var("IDEM_BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5);
+    for tasks in [1, 16, 256] {
+        let rate = pairs_per_second(store.clone(), tasks, Duration::from_secs(secs)).await;
+        println!("store/{tasks} {rate:.0}");
+    }
+}
