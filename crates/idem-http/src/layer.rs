@@ -1,0 +1,236 @@
+//! The layer, its builder, and the handle that shuts it down.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::Method;
+use idem_core::{KeyPolicy, Policy, Store};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tower::Layer;
+
+use crate::metrics::InProgress;
+use crate::rule::{KeyRequirement, RouteRule, ScopeSource};
+use crate::service::Idempotency;
+use crate::wait::Waiters;
+
+/// Everything one layer's services share.
+pub(crate) struct Shared {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) rules: Vec<RouteRule>,
+    pub(crate) default_methods: Vec<Method>,
+    pub(crate) default_key: KeyRequirement,
+    pub(crate) default_policy: Policy,
+    pub(crate) key_policy: KeyPolicy,
+    pub(crate) scope: ScopeSource,
+    pub(crate) body_limit: usize,
+    pub(crate) in_flight_retry_after: Duration,
+    pub(crate) unavailable_retry_after: Duration,
+    pub(crate) waiters: Waiters,
+    pub(crate) in_progress: InProgress,
+    pub(crate) shutdown: CancellationToken,
+    pub(crate) tracker: TaskTracker,
+}
+
+impl Shared {
+    /// The rule for a request: the first configured rule that matches, or
+    /// the default rule for the default methods (POST and PATCH), whose
+    /// operation is the literal path. `None`: pass through.
+    pub(crate) fn rule_for(&self, method: &Method, path: &str) -> Option<RouteRule> {
+        if let Some(rule) = self.rules.iter().find(|r| r.matches(method, path)) {
+            return Some(rule.clone());
+        }
+        self.default_methods.contains(method).then(|| {
+            RouteRule::new(method.clone(), path)
+                .key(self.default_key)
+                .policy(self.default_policy.clone())
+        })
+    }
+}
+
+/// Adds the idempotency contract (DESIGN.md section 3) to a service.
+///
+/// Cheap to clone; clones share the store, the waiters and the shutdown
+/// handle.
+#[derive(Clone)]
+pub struct IdempotencyLayer {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for IdempotencyLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdempotencyLayer")
+            .field("rules", &self.shared.rules)
+            .finish_non_exhaustive()
+    }
+}
+
+impl IdempotencyLayer {
+    /// A builder over `store`.
+    pub fn builder(store: impl Store) -> IdempotencyLayerBuilder {
+        IdempotencyLayerBuilder::new(Arc::new(store))
+    }
+
+    /// A builder over a store already shared.
+    pub fn builder_shared(store: Arc<dyn Store>) -> IdempotencyLayerBuilder {
+        IdempotencyLayerBuilder::new(store)
+    }
+
+    /// The layer with every default, over `store`.
+    pub fn new(store: impl Store) -> IdempotencyLayer {
+        IdempotencyLayer::builder(store).build()
+    }
+
+    /// A handle for shutdown and metrics.
+    pub fn handle(&self) -> LayerHandle {
+        LayerHandle {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S> Layer<S> for IdempotencyLayer {
+    type Service = Idempotency<S>;
+
+    fn layer(&self, inner: S) -> Idempotency<S> {
+        Idempotency::new(inner, self.shared.clone())
+    }
+}
+
+/// Builds an [`IdempotencyLayer`].
+pub struct IdempotencyLayerBuilder {
+    shared: Shared,
+}
+
+impl std::fmt::Debug for IdempotencyLayerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdempotencyLayerBuilder")
+            .finish_non_exhaustive()
+    }
+}
+
+impl IdempotencyLayerBuilder {
+    fn new(store: Arc<dyn Store>) -> IdempotencyLayerBuilder {
+        IdempotencyLayerBuilder {
+            shared: Shared {
+                store,
+                rules: Vec::new(),
+                default_methods: vec![Method::POST, Method::PATCH],
+                default_key: KeyRequirement::Required,
+                default_policy: Policy::default(),
+                key_policy: KeyPolicy::default(),
+                scope: ScopeSource::default(),
+                body_limit: 1024 * 1024,
+                in_flight_retry_after: Duration::from_secs(1),
+                unavailable_retry_after: Duration::from_secs(1),
+                waiters: Waiters::default(),
+                in_progress: InProgress::default(),
+                shutdown: CancellationToken::new(),
+                tracker: TaskTracker::new(),
+            },
+        }
+    }
+
+    /// Adds a route rule. Rules are tried in the order added; the first
+    /// that matches wins.
+    pub fn route(mut self, rule: RouteRule) -> Self {
+        self.shared.rules.push(rule);
+        self
+    }
+
+    /// Methods protected on paths no rule names, with the literal path as
+    /// the operation. Default POST and PATCH; empty to protect only the
+    /// configured routes.
+    pub fn default_methods<I: IntoIterator<Item = Method>>(mut self, methods: I) -> Self {
+        self.shared.default_methods = methods.into_iter().collect();
+        self
+    }
+
+    /// Whether the default rule requires a key. Default required.
+    pub fn default_key(mut self, key: KeyRequirement) -> Self {
+        self.shared.default_key = key;
+        self
+    }
+
+    /// The default rule's policy. Default [`Policy::default`].
+    pub fn default_policy(mut self, policy: Policy) -> Self {
+        self.shared.default_policy = policy;
+        self
+    }
+
+    /// Key hygiene. Default [`KeyPolicy::default`] (16 characters minimum,
+    /// no credentials, no JWTs).
+    pub fn key_policy(mut self, policy: KeyPolicy) -> Self {
+        self.shared.key_policy = policy;
+        self
+    }
+
+    /// Where scopes come from. Default the `Authorization` header.
+    pub fn scope(mut self, scope: ScopeSource) -> Self {
+        self.shared.scope = scope;
+        self
+    }
+
+    /// The largest request body read (413 beyond). Default 1 MiB.
+    pub fn body_limit(mut self, bytes: usize) -> Self {
+        self.shared.body_limit = bytes;
+        self
+    }
+
+    /// `Retry-After` on 409 in flight. Default 1 s.
+    pub fn in_flight_retry_after(mut self, d: Duration) -> Self {
+        self.shared.in_flight_retry_after = d;
+        self
+    }
+
+    /// `Retry-After` on 503 store unavailable. Default 1 s.
+    pub fn unavailable_retry_after(mut self, d: Duration) -> Self {
+        self.shared.unavailable_retry_after = d;
+        self
+    }
+
+    /// The layer.
+    pub fn build(self) -> IdempotencyLayer {
+        IdempotencyLayer {
+            shared: Arc::new(self.shared),
+        }
+    }
+}
+
+/// Shutdown and metrics for a layer's executions.
+#[derive(Clone)]
+pub struct LayerHandle {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for LayerHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LayerHandle").finish_non_exhaustive()
+    }
+}
+
+impl LayerHandle {
+    /// Lets running handlers finish for up to `grace`, then cancels the
+    /// rest: their claims are released (so a retry executes them again) and
+    /// their clients get 503. Returns when every execution has ended.
+    /// Requests that arrive afterwards still run; stop accepting first.
+    pub async fn shutdown(&self, grace: Duration) {
+        let tracker = &self.shared.tracker;
+        tracker.close();
+        if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
+            self.shared.shutdown.cancel();
+            tracker.wait().await;
+        }
+    }
+
+    /// Refreshes the in-progress gauges (the oldest age grows without any
+    /// event); call it on a timer.
+    pub fn report_metrics(&self) {
+        self.shared.in_progress.report();
+    }
+
+    /// The store the layer uses.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.shared.store
+    }
+}

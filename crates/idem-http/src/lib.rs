@@ -1,0 +1,78 @@
+//! The server half of idem: a tower [`Layer`](tower::Layer) that gives any
+//! hyper or axum service the idempotency contract of DESIGN.md section 3.
+//!
+//! ```no_run
+//! use axum::{Router, routing::post};
+//! use idem_core::MemoryStore;
+//! use idem_http::{IdempotencyLayer, RouteRule};
+//!
+//! # async fn run() {
+//! let layer = IdempotencyLayer::builder(MemoryStore::new())
+//!     .route(RouteRule::post("/transfers").fingerprint_fields(["/from", "/to", "/amount"]))
+//!     .build();
+//! let app = Router::new()
+//!     .route("/transfers", post(|| async { "done" }))
+//!     .layer(layer);
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await.unwrap();
+//! axum::serve(listener, app).await.unwrap();
+//! # }
+//! ```
+//!
+//! # What a request goes through
+//!
+//! 1. **Route.** The first [`RouteRule`] matching the method and path
+//!    decides; POST and PATCH on other paths get the default rule (key
+//!    required, literal path as operation); anything else passes through.
+//! 2. **Key.** One `Idempotency-Key` header, an sf-string or bare value,
+//!    passing [`idem_core::KeyPolicy`]. Missing, repeated or invalid: 400.
+//! 3. **Scope.** From `Authorization` by default ([`ScopeSource`]): two
+//!    credentials using one key have two records, and neither sees the other's.
+//! 4. **Body.** Read up to the limit (413 beyond) and fingerprinted.
+//! 5. **Claim.** The store decides: a different fingerprint is 422; a
+//!    finished record is replayed with `Idempotent-Replayed: true`; an
+//!    in-flight one is 409 with `Retry-After`, or in wait mode the request
+//!    waits for it; a store failure is 503 and nothing runs.
+//! 6. **Execute.** The handler runs in a task of its own, so a client that
+//!    hangs up does not cancel it. 2xx/3xx are stored as `completed`,
+//!    deterministic 4xx as `failed`; 5xx, 408, 409, 425, 429, a panic or a
+//!    failing body release the claim so a retry executes again.
+//!
+//! Every response to a keyed request carries `Idempotency-Key-Expires`.
+//! Every error is `application/problem+json` ([`Rejection`]).
+//!
+//! # Atomic mode
+//!
+//! With a SQL store the handler can commit its mutation and the record in
+//! one transaction: it reads [`IdempotencyContext`] from the request
+//! extensions, calls the store's `complete_atomically`, then
+//! [`IdempotencyContext::mark_completed`]. See `examples/ledger`.
+//!
+//! # Shutdown
+//!
+//! [`LayerHandle::shutdown`] lets running handlers finish for a grace
+//! period and then cancels the rest, releasing their claims: only shutdown
+//! cancels a handler.
+
+mod body;
+mod context;
+mod flow;
+mod layer;
+pub mod metrics;
+mod reconcile;
+mod rejection;
+mod replay;
+mod rule;
+mod service;
+mod wait;
+
+pub use body::{Body, BoxError, boxed, full};
+pub use context::IdempotencyContext;
+pub use flow::IDEMPOTENCY_KEY;
+pub use layer::{IdempotencyLayer, IdempotencyLayerBuilder, LayerHandle};
+pub use reconcile::{RecordView, ResponseView, lookup};
+pub use rejection::Rejection;
+pub use replay::{
+    DEFAULT_STORED_HEADERS, IDEMPOTENCY_KEY_EXPIRES, IDEMPOTENT_REPLAYED, stored_to_response,
+};
+pub use rule::{KeyRequirement, PathPattern, RouteRule, ScopeSource};
+pub use service::{Idempotency, ResponseFuture};

@@ -1,0 +1,136 @@
+//! Turning handler responses into stored ones and back.
+
+use http::header::{self, HeaderName};
+use http::{HeaderMap, HeaderValue, Response, StatusCode};
+use idem_core::{StoredResponse, Timestamp};
+
+use crate::body::{Body, full};
+
+/// `Idempotent-Replayed: true` marks a replayed response (Stripe's header).
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// `Idempotency-Key-Expires: <HTTP-date>` on every response to a keyed
+/// request: until then, a retry with the same key is answered from the
+/// record; after it, the key is forgotten and a retry would execute again.
+pub const IDEMPOTENCY_KEY_EXPIRES: HeaderName = HeaderName::from_static("idempotency-key-expires");
+
+/// Response headers stored for replay by default (DESIGN.md section 3).
+pub const DEFAULT_STORED_HEADERS: [HeaderName; 7] = [
+    header::CONTENT_TYPE,
+    header::CONTENT_LANGUAGE,
+    header::CONTENT_LOCATION,
+    header::LOCATION,
+    header::ETAG,
+    header::LAST_MODIFIED,
+    header::RETRY_AFTER,
+];
+
+/// Headers never stored, whatever a rule says.
+fn never_stored(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "set-cookie"
+            | "connection"
+            | "keep-alive"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+            | "content-length"
+    )
+}
+
+/// The part of a response kept for replay.
+pub(crate) fn to_stored(
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: &[u8],
+    extra: &[HeaderName],
+) -> StoredResponse {
+    let keep = |name: &HeaderName| {
+        !never_stored(name) && (DEFAULT_STORED_HEADERS.contains(name) || extra.contains(name))
+    };
+    StoredResponse {
+        status: status.as_u16(),
+        headers: headers
+            .iter()
+            .filter(|(n, _)| keep(n))
+            .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
+            .collect(),
+        body: body.to_vec(),
+    }
+}
+
+/// Builds the HTTP response for a stored one. Headers that do not parse
+/// (they were valid when stored, so only corruption does this) are skipped.
+pub fn stored_to_response(stored: &StoredResponse) -> Response<Body> {
+    let mut response = Response::new(full(stored.body.clone()));
+    *response.status_mut() =
+        StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    for (name, value) in &stored.headers {
+        if let (Ok(n), Ok(v)) = (
+            HeaderName::try_from(name.as_str()),
+            HeaderValue::from_bytes(value),
+        ) {
+            response.headers_mut().append(n, v);
+        }
+    }
+    response
+}
+
+/// Adds `Idempotency-Key-Expires`.
+pub(crate) fn set_expires(headers: &mut HeaderMap, expires_at: Timestamp) {
+    let date = httpdate::fmt_http_date(expires_at.to_system_time());
+    if let Ok(v) = HeaderValue::from_str(&date) {
+        headers.insert(IDEMPOTENCY_KEY_EXPIRES, v);
+    }
+}
+
+/// The replay of a finished record.
+pub(crate) fn replay(stored: &StoredResponse, expires_at: Timestamp) -> Response<Body> {
+    let mut response = stored_to_response(stored);
+    response
+        .headers_mut()
+        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    set_expires(response.headers_mut(), expires_at);
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_allowlisted_headers_are_stored() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        h.insert(header::LOCATION, HeaderValue::from_static("/t/1"));
+        h.insert(
+            header::SET_COOKIE,
+            HeaderValue::from_static("session=secret"),
+        );
+        h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        h.insert("x-request-id", HeaderValue::from_static("abc"));
+        h.insert("x-ledger-balance", HeaderValue::from_static("5"));
+        let extra = [
+            HeaderName::from_static("x-ledger-balance"),
+            header::SET_COOKIE,
+        ];
+        let s = to_stored(StatusCode::CREATED, &h, b"{}", &extra);
+        let names: Vec<_> = s.headers.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["content-type", "location", "x-ledger-balance"]);
+        let r = replay(&s, Timestamp::from_millis(1_800_000_000_000));
+        assert_eq!(r.status(), StatusCode::CREATED);
+        assert_eq!(r.headers()[IDEMPOTENT_REPLAYED], "true");
+        assert_eq!(
+            r.headers()[IDEMPOTENCY_KEY_EXPIRES],
+            "Fri, 15 Jan 2027 08:00:00 GMT"
+        );
+        assert!(r.headers().get(header::SET_COOKIE).is_none());
+    }
+}
