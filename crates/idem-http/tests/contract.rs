@@ -427,3 +427,61 @@ async fn a_store_that_is_down_gives_503_and_runs_nothing() {
     problem(resp, StatusCode::SERVICE_UNAVAILABLE, "store-unavailable").await;
     assert_eq!(app.probe.executions.load(Ordering::SeqCst), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_cancels_running_handlers_and_releases_their_claims() {
+    let store: Arc<dyn Store> = Arc::new(idem_core::MemoryStore::new());
+    let app = spawn_app(store.clone(), |b| b).await;
+    let k = key();
+    let running = tokio::spawn(app.post("/gated", &k, "{}").send());
+    app.probe.started.notified().await;
+    app.handle.shutdown(Duration::ZERO).await;
+    let resp = running.await.unwrap().unwrap();
+    problem(resp, StatusCode::SERVICE_UNAVAILABLE, "shutting-down").await;
+    let id = idem_core::RecordId::new(
+        idem_core::Scope::anonymous(),
+        idem_core::Operation::new("POST", "/gated"),
+        idem_core::Key::new(k).unwrap(),
+    );
+    assert_eq!(store.get(&id, idem_core::Timestamp::now()).await.unwrap(), None, "claim released");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_lets_handlers_finish_within_the_grace_period() {
+    let app = spawn_app(Arc::new(idem_core::MemoryStore::new()), |b| b).await;
+    let k = key();
+    let running = tokio::spawn(app.post("/gated", &k, "{}").send());
+    app.probe.started.notified().await;
+    let shutdown = tokio::spawn({
+        let handle = app.handle.clone();
+        async move { handle.shutdown(Duration::from_secs(30)).await }
+    });
+    app.probe.gate.add_permits(1);
+    shutdown.await.unwrap();
+    assert_eq!(running.await.unwrap().unwrap().status(), StatusCode::CREATED);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reconciliation_read_path_shows_the_callers_record() {
+    let store: Arc<dyn Store> = Arc::new(idem_core::MemoryStore::new());
+    let app = spawn_app(store.clone(), |b| b).await;
+    let k = key();
+    let created = app.post("/orders", &k, "{}").header("authorization", "Bearer reader-token").send().await.unwrap();
+    let body = created.text().await.unwrap();
+    let id = |cred: &[u8]| {
+        idem_core::RecordId::new(
+            idem_core::Scope::from_credential(cred),
+            idem_core::Operation::new("POST", "/orders"),
+            idem_core::Key::new(k.clone()).unwrap(),
+        )
+    };
+    let view = idem_http::lookup(&*store, &id(b"Bearer reader-token")).await.unwrap().unwrap();
+    assert_eq!(view.status, "completed");
+    assert_eq!(view.operation, "POST /orders");
+    let response = view.response.unwrap();
+    assert_eq!(response.status, 201);
+    assert_eq!(response.body.as_deref(), Some(body.as_str()));
+    assert!(response.headers.iter().all(|(n, _)| n != "set-cookie"));
+    // Another credential sees nothing.
+    assert_eq!(idem_http::lookup(&*store, &id(b"Bearer someone-else")).await.unwrap(), None);
+}
