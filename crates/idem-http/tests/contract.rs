@@ -443,7 +443,11 @@ async fn shutdown_cancels_running_handlers_and_releases_their_claims() {
         idem_core::Operation::new("POST", "/gated"),
         idem_core::Key::new(k).unwrap(),
     );
-    assert_eq!(store.get(&id, idem_core::Timestamp::now()).await.unwrap(), None, "claim released");
+    assert_eq!(
+        store.get(&id, idem_core::Timestamp::now()).await.unwrap(),
+        None,
+        "claim released"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -458,7 +462,10 @@ async fn shutdown_lets_handlers_finish_within_the_grace_period() {
     });
     app.probe.gate.add_permits(1);
     shutdown.await.unwrap();
-    assert_eq!(running.await.unwrap().unwrap().status(), StatusCode::CREATED);
+    assert_eq!(
+        running.await.unwrap().unwrap().status(),
+        StatusCode::CREATED
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -466,7 +473,12 @@ async fn the_reconciliation_read_path_shows_the_callers_record() {
     let store: Arc<dyn Store> = Arc::new(idem_core::MemoryStore::new());
     let app = spawn_app(store.clone(), |b| b).await;
     let k = key();
-    let created = app.post("/orders", &k, "{}").header("authorization", "Bearer reader-token").send().await.unwrap();
+    let created = app
+        .post("/orders", &k, "{}")
+        .header("authorization", "Bearer reader-token")
+        .send()
+        .await
+        .unwrap();
     let body = created.text().await.unwrap();
     let id = |cred: &[u8]| {
         idem_core::RecordId::new(
@@ -475,7 +487,10 @@ async fn the_reconciliation_read_path_shows_the_callers_record() {
             idem_core::Key::new(k.clone()).unwrap(),
         )
     };
-    let view = idem_http::lookup(&*store, &id(b"Bearer reader-token")).await.unwrap().unwrap();
+    let view = idem_http::lookup(&*store, &id(b"Bearer reader-token"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(view.status, "completed");
     assert_eq!(view.operation, "POST /orders");
     let response = view.response.unwrap();
@@ -483,5 +498,10 @@ async fn the_reconciliation_read_path_shows_the_callers_record() {
     assert_eq!(response.body.as_deref(), Some(body.as_str()));
     assert!(response.headers.iter().all(|(n, _)| n != "set-cookie"));
     // Another credential sees nothing.
-    assert_eq!(idem_http::lookup(&*store, &id(b"Bearer someone-else")).await.unwrap(), None);
+    assert_eq!(
+        idem_http::lookup(&*store, &id(b"Bearer someone-else"))
+            .await
+            .unwrap(),
+        None
+    );
 }

@@ -34,10 +34,17 @@ async fn outcomes_are_counted_and_keys_never_labelled() {
         }
         match (key.name(), value) {
             (idem_http::metrics::REQUESTS, DebugValue::Counter(n)) => {
-                let outcome = key.labels().find(|l| l.key() == "outcome").unwrap().value().to_owned();
+                let outcome = key
+                    .labels()
+                    .find(|l| l.key() == "outcome")
+                    .unwrap()
+                    .value()
+                    .to_owned();
                 outcomes.insert(outcome, n);
             }
-            (idem_http::metrics::STORE_DURATION, DebugValue::Histogram(v)) => saw_store_histogram |= !v.is_empty(),
+            (idem_http::metrics::STORE_DURATION, DebugValue::Histogram(v)) => {
+                saw_store_histogram |= !v.is_empty()
+            }
             _ => {}
         }
     }

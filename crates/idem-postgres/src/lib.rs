@@ -88,6 +88,8 @@ mod schema;
 pub use deadpool_postgres::Transaction;
 use error::{corrupt, pg_error, pool_error};
 pub use idem_core::Atomic;
+/// The PostgreSQL driver's error and parameter trait, for atomic-mode closures.
+pub use tokio_postgres::{Error as PgError, types::ToSql};
 
 /// Options for connecting a store.
 #[derive(Debug, Clone)]

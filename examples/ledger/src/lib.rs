@@ -1,0 +1,251 @@
+//! A small ledger that shows idem's atomic mode: each transfer's rows, the
+//! balance updates, and the completion of its idempotency record commit in
+//! one transaction, so a crash can never leave a transfer without its
+//! record (which a retry would execute again) or a record without its
+//! transfer.
+//!
+//! - `POST /transfers` `{"from": "acct-1", "to": "acct-2", "amount": 100}`
+//!   needs an `Idempotency-Key`; 201 with the transfer, or 422 for
+//!   insufficient funds (a deterministic failure: stored and replayed).
+//! - `GET /accounts/{id}`: the balance.
+//! - `GET /total`: the sum of all balances (transfers conserve it).
+//!
+//! It runs on SQLite by default and on PostgreSQL when given a
+//! `postgres://` URL. `idem demo` drives it under injected faults.
+//!
+//! This crate is an example, not a library to depend on: its schema and
+//! error texts are the simplest that make the point.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use idem_core::{Atomic, Completion, StoreError, StoredResponse};
+use idem_http::{IdempotencyContext, IdempotencyLayer, RouteRule, stored_to_response};
+use serde::{Deserialize, Serialize};
+
+mod pg;
+mod sqlite;
+
+pub use pg::PostgresLedger;
+pub use sqlite::SqliteLedger;
+
+/// A transfer request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TransferRequest {
+    /// Debited account.
+    pub from: String,
+    /// Credited account.
+    pub to: String,
+    /// Amount in cents; positive.
+    pub amount: i64,
+}
+
+/// A committed transfer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Transfer {
+    /// Its id.
+    pub id: i64,
+    /// Debited account.
+    pub from: String,
+    /// Credited account.
+    pub to: String,
+    /// Amount in cents.
+    pub amount: i64,
+}
+
+/// A ledger failure that is not the client's fault.
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    /// The idempotency store or the database failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// SQLite failed.
+    #[error("sqlite: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// PostgreSQL failed.
+    #[error("postgres: {0}")]
+    Postgres(#[from] idem_postgres::PgError),
+}
+
+/// What a transfer attempt led to.
+#[derive(Debug)]
+pub enum Outcome {
+    /// Committed (or refused for funds) together with its record; answer
+    /// with this response.
+    Done(StoredResponse),
+    /// The claim was lost to a takeover; nothing was written.
+    LostLease,
+}
+
+/// The operations the HTTP side needs, on either database.
+pub trait Ledger: Send + Sync + 'static {
+    /// Creates `n` accounts `acct-0`..`acct-{n-1}` with `balance` each,
+    /// unless they exist.
+    fn seed(&self, n: usize, balance: i64) -> impl Future<Output = Result<(), LedgerError>> + Send;
+    /// Runs a transfer atomically with the completion of its record.
+    fn transfer(
+        &self,
+        ctx: &IdempotencyContext,
+        req: TransferRequest,
+    ) -> impl Future<Output = Result<Outcome, LedgerError>> + Send;
+    /// An account's balance.
+    fn balance(
+        &self,
+        account: &str,
+    ) -> impl Future<Output = Result<Option<i64>, LedgerError>> + Send;
+    /// The sum of all balances.
+    fn total(&self) -> impl Future<Output = Result<i64, LedgerError>> + Send;
+    /// How many transfers carry this idempotency key (1 at most, ever).
+    fn transfers_with_key(
+        &self,
+        key: &str,
+    ) -> impl Future<Output = Result<i64, LedgerError>> + Send;
+    /// How many transfers there are.
+    fn transfer_count(&self) -> impl Future<Output = Result<i64, LedgerError>> + Send;
+}
+
+fn json_response(status: u16, body: &serde_json::Value, content_type: &str) -> StoredResponse {
+    StoredResponse {
+        status,
+        headers: vec![("content-type".into(), content_type.as_bytes().to_vec())],
+        body: body.to_string().into_bytes(),
+    }
+}
+
+/// The response and record of a committed transfer.
+pub(crate) fn committed(t: &Transfer) -> Completion {
+    let mut r = json_response(201, &serde_json::json!(t), "application/json");
+    r.headers.push((
+        "location".into(),
+        format!("/transfers/{}", t.id).into_bytes(),
+    ));
+    Completion::completed(r).with_resource_id(t.id.to_string())
+}
+
+/// The response and record of a refusal for funds: deterministic, replayed.
+pub(crate) fn insufficient(balance: i64, req: &TransferRequest) -> Completion {
+    Completion::failed(json_response(
+        422,
+        &serde_json::json!({
+            "type": "urn:idem-ledger:problem:insufficient-funds",
+            "title": "Insufficient funds",
+            "status": 422,
+            "detail": format!("{} holds {balance}; the transfer needs {}", req.from, req.amount),
+        }),
+        "application/problem+json",
+    ))
+}
+
+fn problem(status: StatusCode, title: &str, detail: &str) -> Response {
+    let body = serde_json::json!({
+        "type": "about:blank", "title": title, "status": status.as_u16(), "detail": detail,
+    });
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/problem+json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+async fn transfer<L: Ledger>(
+    State(ledger): State<Arc<L>>,
+    ctx: Option<Extension<IdempotencyContext>>,
+    body: Result<Json<TransferRequest>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    let Some(Extension(ctx)) = ctx else {
+        return problem(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "Not protected",
+            "the idempotency layer is missing",
+        );
+    };
+    let Ok(Json(req)) = body else {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            "Invalid transfer",
+            "expected {\"from\", \"to\", \"amount\"}",
+        );
+    };
+    if req.amount <= 0 || req.from == req.to {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            "Invalid transfer",
+            "amount must be positive and accounts distinct",
+        );
+    }
+    match ledger.transfer(&ctx, req).await {
+        Ok(Outcome::Done(stored)) => {
+            ctx.mark_completed();
+            stored_to_response(&stored).map(axum::body::Body::new)
+        }
+        // Another executor took over: let the client retry and replay it.
+        Ok(Outcome::LostLease) => problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "Retry",
+            "the transfer is being handled elsewhere",
+        ),
+        Err(e) => {
+            tracing::error!(error = %e, "transfer failed");
+            problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Ledger unavailable",
+                "the transfer was not made; retry with the same key",
+            )
+        }
+    }
+}
+
+async fn balance<L: Ledger>(State(ledger): State<Arc<L>>, Path(id): Path<String>) -> Response {
+    match ledger.balance(&id).await {
+        Ok(Some(b)) => Json(serde_json::json!({ "id": id, "balance": b })).into_response(),
+        Ok(None) => problem(StatusCode::NOT_FOUND, "No such account", &id),
+        Err(e) => problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "Ledger unavailable",
+            &e.to_string(),
+        ),
+    }
+}
+
+async fn total<L: Ledger>(State(ledger): State<Arc<L>>) -> Response {
+    match (ledger.total().await, ledger.transfer_count().await) {
+        (Ok(total), Ok(transfers)) => {
+            Json(serde_json::json!({ "total": total, "transfers": transfers })).into_response()
+        }
+        (Err(e), _) | (_, Err(e)) => problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "Ledger unavailable",
+            &e.to_string(),
+        ),
+    }
+}
+
+/// The ledger's router behind `layer`. The layer should protect
+/// `POST /transfers` (see [`transfer_rule`]).
+pub fn router<L: Ledger>(ledger: Arc<L>, layer: IdempotencyLayer) -> Router {
+    Router::new()
+        .route("/transfers", post(transfer::<L>))
+        .route("/accounts/{id}", get(balance::<L>))
+        .route("/total", get(total::<L>))
+        .layer(layer)
+        .with_state(ledger)
+}
+
+/// The rule for `POST /transfers`: the key binds from, to and amount.
+pub fn transfer_rule() -> RouteRule {
+    RouteRule::post("/transfers").fingerprint_fields(["/from", "/to", "/amount"])
+}
+
+/// Maps an atomic-mode result to an [`Outcome`].
+pub(crate) fn outcome<E>(a: Atomic<StoredResponse, E>) -> Result<Outcome, E> {
+    match a {
+        Atomic::Committed(r) => Ok(Outcome::Done(r)),
+        Atomic::Failed(e) => Err(e),
+        Atomic::StaleFence => Ok(Outcome::LostLease),
+    }
+}

@@ -1,0 +1,174 @@
+//! The ledger on PostgreSQL: the transfer runs inside the store's atomic
+//! transaction, which holds the record's row lock.
+
+use idem_core::Completion;
+use idem_http::IdempotencyContext;
+use idem_postgres::{PgError, PostgresStore, Transaction};
+
+use crate::{
+    Ledger, LedgerError, Outcome, Transfer, TransferRequest, committed, insufficient, outcome,
+};
+
+/// The ledger in the store's PostgreSQL schema.
+#[derive(Debug, Clone)]
+pub struct PostgresLedger {
+    store: PostgresStore,
+}
+
+impl PostgresLedger {
+    /// Creates the ledger's tables beside the store's.
+    ///
+    /// # Errors
+    /// When PostgreSQL fails.
+    pub async fn new(store: PostgresStore) -> Result<PostgresLedger, LedgerError> {
+        let s = store.schema();
+        let client = store.pool().get().await.map_err(|e| {
+            LedgerError::Store(idem_core::StoreError::new(
+                idem_core::StoreErrorKind::Unavailable,
+                e.to_string(),
+            ))
+        })?;
+        client
+            .batch_execute(&format!(
+                "CREATE TABLE IF NOT EXISTS {s}.accounts (id text PRIMARY KEY, balance bigint NOT NULL CHECK (balance >= 0));
+                 CREATE TABLE IF NOT EXISTS {s}.transfers (id bigserial PRIMARY KEY, idem_key text NOT NULL,
+                     from_acct text NOT NULL, to_acct text NOT NULL, amount bigint NOT NULL);"
+            ))
+            .await?;
+        Ok(PostgresLedger { store })
+    }
+
+    /// The idempotency store, for the layer.
+    pub fn store(&self) -> &PostgresStore {
+        &self.store
+    }
+
+    async fn scalar(
+        &self,
+        sql: &str,
+        params: &[&(dyn idem_postgres::ToSql + Sync)],
+    ) -> Result<Option<i64>, LedgerError> {
+        let client = self.store.pool().get().await.map_err(|e| {
+            LedgerError::Store(idem_core::StoreError::new(
+                idem_core::StoreErrorKind::Unavailable,
+                e.to_string(),
+            ))
+        })?;
+        Ok(client.query_opt(sql, params).await?.map(|r| r.get(0)))
+    }
+}
+
+async fn apply(
+    tx: &Transaction<'_>,
+    s: &str,
+    key: &str,
+    req: &TransferRequest,
+) -> Result<Completion, PgError> {
+    // Lock both accounts in a fixed order, so concurrent transfers between
+    // the same pair cannot deadlock.
+    let rows = tx
+        .query(
+            &format!(
+                "SELECT id, balance FROM {s}.accounts WHERE id = ANY($1) ORDER BY id FOR UPDATE"
+            ),
+            &[&vec![req.from.clone(), req.to.clone()]],
+        )
+        .await?;
+    let balance = rows
+        .iter()
+        .find(|r| r.get::<_, String>(0) == req.from)
+        .map(|r| r.get::<_, i64>(1));
+    if rows.len() != 2 || balance.is_none_or(|b| b < req.amount) {
+        return Ok(insufficient(balance.unwrap_or(0), req));
+    }
+    tx.execute(
+        &format!("UPDATE {s}.accounts SET balance = balance - $2 WHERE id = $1"),
+        &[&req.from, &req.amount],
+    )
+    .await?;
+    tx.execute(
+        &format!("UPDATE {s}.accounts SET balance = balance + $2 WHERE id = $1"),
+        &[&req.to, &req.amount],
+    )
+    .await?;
+    let row = tx
+        .query_one(
+            &format!("INSERT INTO {s}.transfers (idem_key, from_acct, to_acct, amount) VALUES ($1, $2, $3, $4) RETURNING id"),
+            &[&key, &req.from, &req.to, &req.amount],
+        )
+        .await?;
+    Ok(committed(&Transfer {
+        id: row.get(0),
+        from: req.from.clone(),
+        to: req.to.clone(),
+        amount: req.amount,
+    }))
+}
+
+impl Ledger for PostgresLedger {
+    async fn seed(&self, n: usize, balance: i64) -> Result<(), LedgerError> {
+        let ids: Vec<String> = (0..n).map(|i| format!("acct-{i}")).collect();
+        let s = self.store.schema();
+        let client = self.store.pool().get().await.map_err(|e| {
+            LedgerError::Store(idem_core::StoreError::new(
+                idem_core::StoreErrorKind::Unavailable,
+                e.to_string(),
+            ))
+        })?;
+        client
+            .execute(
+                &format!("INSERT INTO {s}.accounts (id, balance) SELECT unnest($1::text[]), $2 ON CONFLICT DO NOTHING"),
+                &[&ids, &balance],
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn transfer(
+        &self,
+        ctx: &IdempotencyContext,
+        req: TransferRequest,
+    ) -> Result<Outcome, LedgerError> {
+        let key = ctx.id().key.as_str().to_owned();
+        let s = self.store.schema().to_owned();
+        let done = self
+            .store
+            .complete_atomically(ctx.id(), ctx.fence(), move |tx| {
+                Box::pin(async move {
+                    let completion = apply(tx, &s, &key, &req).await?;
+                    Ok::<_, PgError>((completion.response.clone(), completion))
+                })
+            })
+            .await?;
+        Ok(outcome(done)?)
+    }
+
+    async fn balance(&self, account: &str) -> Result<Option<i64>, LedgerError> {
+        let sql = format!(
+            "SELECT balance FROM {}.accounts WHERE id = $1",
+            self.store.schema()
+        );
+        self.scalar(&sql, &[&account]).await
+    }
+
+    async fn total(&self) -> Result<i64, LedgerError> {
+        let sql = format!(
+            "SELECT coalesce(sum(balance), 0)::bigint FROM {}.accounts",
+            self.store.schema()
+        );
+        Ok(self.scalar(&sql, &[]).await?.unwrap_or(0))
+    }
+
+    async fn transfers_with_key(&self, key: &str) -> Result<i64, LedgerError> {
+        let sql = format!(
+            "SELECT count(*) FROM {}.transfers WHERE idem_key = $1",
+            self.store.schema()
+        );
+        Ok(self.scalar(&sql, &[&key]).await?.unwrap_or(0))
+    }
+
+    async fn transfer_count(&self) -> Result<i64, LedgerError> {
+        let sql = format!("SELECT count(*) FROM {}.transfers", self.store.schema());
+        Ok(self.scalar(&sql, &[]).await?.unwrap_or(0))
+    }
+}
