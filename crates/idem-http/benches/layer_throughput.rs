@@ -17,7 +17,10 @@ use idem_core::{MemoryStore, Store};
 use idem_http::IdempotencyLayer;
 
 fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 fn app() -> Router {
@@ -34,7 +37,9 @@ fn app() -> Router {
 }
 
 async fn serve(router: Router) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move { axum::serve(listener, router).await.expect("serve") });
     format!("http://{addr}/orders")
@@ -62,11 +67,20 @@ async fn load(url: &str, keys: Keys, secs: u64, tasks: u64) -> (f64, f64) {
                 let deadline = Instant::now() + Duration::from_millis(300);
                 while !stop.load(Ordering::Relaxed) {
                     n += 1;
-                    let mut req = client.post(&url).header("content-type", "application/json").body(r#"{"item":"book","qty":1}"#);
+                    let mut req = client
+                        .post(&url)
+                        .header("content-type", "application/json")
+                        .body(r#"{"item":"book","qty":1}"#);
                     match keys {
                         Keys::None => {}
-                        Keys::New => req = req.header("idempotency-key", format!("bench-{run}-{t:04}-{n:010}")),
-                        Keys::Replay => req = req.header("idempotency-key", format!("bench-{run}-{t:04}-replayed")),
+                        Keys::New => {
+                            req =
+                                req.header("idempotency-key", format!("bench-{run}-{t:04}-{n:010}"))
+                        }
+                        Keys::Replay => {
+                            req = req
+                                .header("idempotency-key", format!("bench-{run}-{t:04}-replayed"))
+                        }
                     }
                     let start = Instant::now();
                     let resp = req.send().await.expect("request");
@@ -100,9 +114,12 @@ fn main() {
         let dir = tempfile::tempdir().expect("tempdir");
         let plain = serve(app()).await;
         let memory: Arc<dyn Store> = Arc::new(MemoryStore::new());
-        let sqlite: Arc<dyn Store> = Arc::new(idem_sqlite::SqliteStore::open(dir.path().join("bench.db")).expect("sqlite"));
-        let with_memory = serve(app().layer(IdempotencyLayer::builder_shared(memory).build())).await;
-        let with_sqlite = serve(app().layer(IdempotencyLayer::builder_shared(sqlite).build())).await;
+        let sqlite: Arc<dyn Store> =
+            Arc::new(idem_sqlite::SqliteStore::open(dir.path().join("bench.db")).expect("sqlite"));
+        let with_memory =
+            serve(app().layer(IdempotencyLayer::builder_shared(memory).build())).await;
+        let with_sqlite =
+            serve(app().layer(IdempotencyLayer::builder_shared(sqlite).build())).await;
 
         let (base_rps, base_p99) = load(&plain, Keys::None, secs, tasks).await;
         println!("| configuration | requests/s | ratio | p99 ms | p99 ratio |");

@@ -505,3 +505,49 @@ async fn the_reconciliation_read_path_shows_the_callers_record() {
         None
     );
 }
+
+fn wait_policy(limit: Duration) -> Policy {
+    Policy::builder()
+        .concurrency(Concurrency::Wait { limit })
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_past_its_limit_gets_409() {
+    let app = spawn_app(Arc::new(idem_core::MemoryStore::new()), |b| {
+        b.route(RouteRule::post("/gated").policy(wait_policy(Duration::from_millis(200))))
+    })
+    .await;
+    let k = key();
+    let first = tokio::spawn(app.post("/gated", &k, "{}").send());
+    app.probe.started.notified().await;
+    let dup = app.post("/gated", &k, "{}").send().await.unwrap();
+    problem(dup, StatusCode::CONFLICT, "in-flight").await;
+    app.probe.gate.add_permits(1);
+    assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::CREATED);
+    assert_eq!(app.executions(), 1);
+}
+
+/// Two instances (two layers, one shared store): a waiter on the other
+/// instance is not notified, so it polls the store and replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_on_another_instance_polls_and_replays() {
+    let store: Arc<dyn Store> = Arc::new(idem_core::MemoryStore::new());
+    let a = spawn_app(store.clone(), |b| b).await;
+    let b = spawn_app(store, |b| {
+        b.route(RouteRule::post("/gated").policy(wait_policy(Duration::from_secs(20))))
+    })
+    .await;
+    let k = key();
+    let first = tokio::spawn(a.post("/gated", &k, "{}").send());
+    a.probe.started.notified().await;
+    let waiter = tokio::spawn(b.post("/gated", &k, "{}").send());
+    a.probe.gate.add_permits(1);
+    let first = first.await.unwrap().unwrap();
+    let first_body = first.text().await.unwrap();
+    let waited = waiter.await.unwrap().unwrap();
+    assert_eq!(waited.headers()["idempotent-replayed"], "true");
+    assert_eq!(waited.text().await.unwrap(), first_body);
+    assert_eq!(a.executions() + b.executions(), 1);
+}
