@@ -1,0 +1,372 @@
+//! The retry loop, for any transport.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use http::{HeaderValue, Method};
+use tokio::time::Instant;
+
+use crate::classify::{CallKind, Decision, Reason};
+use crate::observe::{Observation, ObserveError, ObserveResponse};
+use crate::policy::RetryPolicy;
+
+/// Client metric names.
+pub mod names {
+    /// Every attempt, first ones included.
+    pub const ATTEMPTS: &str = "idem_client_attempts_total";
+    /// Retries, by `reason`.
+    pub const RETRIES: &str = "idem_client_retries_total";
+    /// Retries refused because the budget was spent.
+    pub const BUDGET_EXHAUSTED: &str = "idem_client_budget_exhausted_total";
+    /// Time spent waiting between attempts, in seconds.
+    pub const WAIT: &str = "idem_client_wait_seconds";
+}
+
+/// Which key a call sends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyMode {
+    /// A fresh UUID v4 for this call, sent on every attempt.
+    Generate,
+    /// This key, sent on every attempt.
+    Given(String),
+    /// No key. Then a request that may have been processed is retried only
+    /// if its method is idempotent.
+    None,
+}
+
+/// One logical call's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallSpec {
+    key: KeyMode,
+    idempotent_method: bool,
+}
+
+impl CallSpec {
+    /// For a request with `method`: unsafe methods (POST, PATCH, …) get a
+    /// generated key; idempotent ones (GET, HEAD, PUT, DELETE, OPTIONS,
+    /// TRACE) none.
+    pub fn for_method(method: &Method) -> CallSpec {
+        let idempotent_method = method.is_idempotent();
+        CallSpec {
+            key: if idempotent_method {
+                KeyMode::None
+            } else {
+                KeyMode::Generate
+            },
+            idempotent_method,
+        }
+    }
+
+    /// An unsafe call with a generated key (the common case: a POST).
+    pub fn keyed() -> CallSpec {
+        CallSpec {
+            key: KeyMode::Generate,
+            idempotent_method: false,
+        }
+    }
+
+    /// Uses `key` instead of generating one (the caller's own intent id).
+    pub fn with_key(mut self, key: impl Into<String>) -> Self {
+        self.key = KeyMode::Given(key.into());
+        self
+    }
+
+    /// Sends no key.
+    pub fn without_key(mut self) -> Self {
+        self.key = KeyMode::None;
+        self
+    }
+}
+
+/// What one attempt should send.
+#[derive(Debug, Clone)]
+pub struct Attempt {
+    /// 1 for the first attempt.
+    pub number: u32,
+    /// The `Idempotency-Key`, the same on every attempt of the call.
+    pub key: Option<Arc<str>>,
+    /// A refreshed `Authorization` value, after a 401/403 refresh.
+    pub authorization: Option<HeaderValue>,
+}
+
+/// Why a call stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Stop {
+    /// The last attempt's outcome is not retried (success included).
+    Done,
+    /// All attempts used.
+    AttemptsExhausted,
+    /// The retry budget was spent.
+    BudgetExhausted,
+    /// The next attempt would pass the call's deadline.
+    Deadline,
+    /// The next attempt would come after the key's expiry.
+    KeyExpired,
+    /// 401/403 and no refresh (or it failed).
+    Unauthorized,
+}
+
+/// What a call did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallReport {
+    /// Attempts made.
+    pub attempts: u32,
+    /// Why it stopped.
+    pub stop: Stop,
+    /// Total time waited between attempts.
+    pub waited: Duration,
+    /// The key sent.
+    pub key: Option<Arc<str>>,
+}
+
+/// A call that ended without a response to return.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RetryError<E> {
+    /// The last attempt failed in the transport (and was not retried, or
+    /// no retry was left).
+    #[error("request failed: {0}")]
+    Transport(E),
+    /// The server said the key expires before the next attempt could be
+    /// made; retrying after that would execute the request a second time.
+    #[error(
+        "the Idempotency-Key expires at {} before the next retry; not retrying, since the server would execute the request again",
+        httpdate::fmt_http_date(*expires_at)
+    )]
+    KeyExpired {
+        /// The server's `Idempotency-Key-Expires`.
+        expires_at: SystemTime,
+        /// Attempts made.
+        attempts: u32,
+    },
+}
+
+/// A client's retry engine: one policy, one budget, any transport.
+/// Cheap to clone; clones share the budget.
+#[derive(Debug, Clone, Default)]
+pub struct Retrier {
+    policy: Arc<RetryPolicy>,
+}
+
+impl Retrier {
+    /// An engine with `policy`.
+    pub fn new(policy: RetryPolicy) -> Retrier {
+        Retrier {
+            policy: Arc::new(policy),
+        }
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &RetryPolicy {
+        &self.policy
+    }
+
+    /// Runs one logical call: `send` makes an attempt with what [`Attempt`]
+    /// says (the same key every time), and the engine decides about the
+    /// next. Returns the last response, or an error.
+    ///
+    /// # Errors
+    /// [`RetryError::Transport`] with the last transport error, or
+    /// [`RetryError::KeyExpired`].
+    pub async fn call<R, E, F, Fut>(&self, spec: CallSpec, send: F) -> Result<R, RetryError<E>>
+    where
+        R: ObserveResponse,
+        E: ObserveError,
+        F: FnMut(Attempt) -> Fut,
+        Fut: Future<Output = Result<R, E>>,
+    {
+        self.call_with_report(spec, send).await.0
+    }
+
+    /// As [`Retrier::call`], with a report of what happened.
+    pub async fn call_with_report<R, E, F, Fut>(
+        &self,
+        spec: CallSpec,
+        mut send: F,
+    ) -> (Result<R, RetryError<E>>, CallReport)
+    where
+        R: ObserveResponse,
+        E: ObserveError,
+        F: FnMut(Attempt) -> Fut,
+        Fut: Future<Output = Result<R, E>>,
+    {
+        let mut call = self.start(spec);
+        loop {
+            let result = send(call.next_attempt()).await;
+            let observation = match &result {
+                Ok(r) => r.observe(),
+                Err(e) => e.observe(),
+            };
+            match call.after(&observation).await {
+                Step::Retry(delay) => {
+                    drop(result);
+                    tokio::time::sleep(delay).await;
+                }
+                Step::Stop(stop) => {
+                    let report = call.finish(stop);
+                    return (result.map_err(RetryError::Transport), report);
+                }
+                Step::KeyExpired(expires_at) => {
+                    let report = call.finish(Stop::KeyExpired);
+                    let attempts = report.attempts;
+                    return (
+                        Err(RetryError::KeyExpired {
+                            expires_at,
+                            attempts,
+                        }),
+                        report,
+                    );
+                }
+            }
+        }
+    }
+
+    /// Starts a call whose attempts the caller sends itself (adapters whose
+    /// transport cannot be put in a closure use this).
+    pub fn start(&self, spec: CallSpec) -> CallState {
+        let key: Option<Arc<str>> = match spec.key {
+            KeyMode::Generate => Some(uuid::Uuid::new_v4().to_string().into()),
+            KeyMode::Given(k) => Some(k.into()),
+            KeyMode::None => None,
+        };
+        CallState {
+            policy: self.policy.clone(),
+            kind: CallKind {
+                keyed: key.is_some(),
+                idempotent_method: spec.idempotent_method,
+            },
+            started: Instant::now(),
+            attempt: Attempt {
+                number: 0,
+                key,
+                authorization: None,
+            },
+            refreshed: false,
+            previous_delay: self.policy.backoff.base(),
+            key_expires: None,
+            retries: 0,
+            waited: Duration::ZERO,
+        }
+    }
+}
+
+/// What to do after an attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Step {
+    /// Wait this long, then send the next attempt.
+    Retry(Duration),
+    /// Return the last attempt's result.
+    Stop(Stop),
+    /// Fail the call: the key expires before the next attempt.
+    KeyExpired(SystemTime),
+}
+
+/// One call in progress: which attempt is next and what was seen so far.
+#[derive(Debug)]
+pub struct CallState {
+    policy: Arc<RetryPolicy>,
+    kind: CallKind,
+    started: Instant,
+    attempt: Attempt,
+    refreshed: bool,
+    previous_delay: Duration,
+    key_expires: Option<SystemTime>,
+    retries: u32,
+    waited: Duration,
+}
+
+impl CallState {
+    /// The next attempt to send (counts it, and deposits the first one in
+    /// the budget).
+    pub fn next_attempt(&mut self) -> Attempt {
+        self.attempt.number += 1;
+        metrics::counter!(names::ATTEMPTS).increment(1);
+        if self.attempt.number == 1
+            && let Some(b) = &self.policy.budget
+        {
+            b.deposit();
+        }
+        self.attempt.clone()
+    }
+
+    /// Decides after an attempt: retry after a delay, or stop.
+    pub async fn after(&mut self, observation: &Observation) -> Step {
+        let p = &*self.policy;
+        self.key_expires = observation.key_expires.or(self.key_expires);
+        let reason = match p.classifier.classify(observation, self.kind) {
+            Decision::Stop => return Step::Stop(Stop::Done),
+            Decision::RefreshCredential => {
+                let Some(hook) = p.refresh.as_ref().filter(|_| !self.refreshed) else {
+                    return Step::Stop(Stop::Unauthorized);
+                };
+                self.refreshed = true;
+                return match hook().await {
+                    Some(credential) => {
+                        self.attempt.authorization = Some(credential);
+                        metrics::counter!(names::RETRIES, "reason" => Reason::Credential.as_str())
+                            .increment(1);
+                        // At once, with the same key; not a failure retry, so
+                        // it spends no budget.
+                        Step::Retry(Duration::ZERO)
+                    }
+                    None => Step::Stop(Stop::Unauthorized),
+                };
+            }
+            Decision::Retry(reason) => reason,
+        };
+        if self.attempt.number >= p.max_attempts {
+            return Step::Stop(Stop::AttemptsExhausted);
+        }
+        self.retries += 1;
+        let delay = match observation.retry_after {
+            Some(server) => server.min(p.max_retry_after),
+            None => p.backoff.delay(self.retries, self.previous_delay),
+        };
+        self.previous_delay = delay.max(p.backoff.base());
+        if p.deadline
+            .is_some_and(|d| self.started.elapsed() + delay > d)
+        {
+            return Step::Stop(Stop::Deadline);
+        }
+        if let Some(expires_at) = self.key_expires
+            && SystemTime::now() + delay >= expires_at
+        {
+            return Step::KeyExpired(expires_at);
+        }
+        if let Some(b) = &p.budget
+            && !b.withdraw()
+        {
+            metrics::counter!(names::BUDGET_EXHAUSTED).increment(1);
+            return Step::Stop(Stop::BudgetExhausted);
+        }
+        metrics::counter!(names::RETRIES, "reason" => reason.as_str()).increment(1);
+        metrics::histogram!(names::WAIT).record(delay.as_secs_f64());
+        tracing::debug!(
+            attempt = self.attempt.number,
+            reason = reason.as_str(),
+            ?delay,
+            "retrying"
+        );
+        self.waited += delay;
+        Step::Retry(delay)
+    }
+
+    /// The key this call sends.
+    pub fn key(&self) -> Option<&Arc<str>> {
+        self.attempt.key.as_ref()
+    }
+
+    /// Ends the call.
+    pub fn finish(self, stop: Stop) -> CallReport {
+        CallReport {
+            attempts: self.attempt.number,
+            stop,
+            waited: self.waited,
+            key: self.attempt.key,
+        }
+    }
+}

@@ -1,0 +1,123 @@
+//! The tower adapter, for hyper clients.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response, header};
+use http_body_util::Full;
+use tower::{Layer, Service, ServiceExt};
+
+use crate::engine::{CallSpec, Retrier, RetryError};
+use crate::observe::{Observation, ObserveError, Observed};
+use crate::policy::RetryPolicy;
+
+impl ObserveError for hyper_util::client::legacy::Error {
+    fn observe(&self) -> Observation {
+        Observation::of(if self.is_connect() {
+            Observed::NotSent
+        } else {
+            Observed::Unknown
+        })
+    }
+}
+
+/// Wraps a client service in [`RetryService`].
+#[derive(Debug, Clone)]
+pub struct RetryLayer {
+    retrier: Retrier,
+}
+
+impl RetryLayer {
+    /// A layer with `policy`; services it makes share one budget.
+    pub fn new(policy: RetryPolicy) -> RetryLayer {
+        RetryLayer {
+            retrier: Retrier::new(policy),
+        }
+    }
+}
+
+impl<S> Layer<S> for RetryLayer {
+    type Service = RetryService<S>;
+
+    fn layer(&self, inner: S) -> RetryService<S> {
+        RetryService {
+            inner,
+            retrier: self.retrier.clone(),
+        }
+    }
+}
+
+/// Retries requests with buffered bodies (`Full<Bytes>`, which clones
+/// cheaply) through the inner client. POST and PATCH without an
+/// `Idempotency-Key` get a generated one.
+#[derive(Debug, Clone)]
+pub struct RetryService<S> {
+    inner: S,
+    retrier: Retrier,
+}
+
+impl<S> RetryService<S> {
+    /// The wrapped client.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The wrapped client, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the client.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, B> Service<Request<Full<Bytes>>> for RetryService<S>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<B>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: ObserveError + Send,
+    B: Send + 'static,
+{
+    type Response = Response<B>;
+    type Error = RetryError<S::Error>;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<B>, RetryError<S::Error>>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // Each attempt waits for readiness of its own clone.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Full<Bytes>>) -> Self::Future {
+        let inner = self.inner.clone();
+        let retrier = self.retrier.clone();
+        Box::pin(async move {
+            let mut spec = CallSpec::for_method(req.method());
+            if let Some(k) = req
+                .headers()
+                .get("idempotency-key")
+                .and_then(|v| v.to_str().ok())
+            {
+                spec = spec.with_key(k);
+            }
+            let (parts, body) = req.into_parts();
+            retrier
+                .call(spec, move |attempt| {
+                    let mut r = Request::from_parts(parts.clone(), body.clone());
+                    if let Some(key) = &attempt.key
+                        && let Ok(v) = HeaderValue::from_str(key)
+                    {
+                        r.headers_mut().insert("idempotency-key", v);
+                    }
+                    if let Some(auth) = attempt.authorization {
+                        r.headers_mut().insert(header::AUTHORIZATION, auth);
+                    }
+                    inner.clone().oneshot(r)
+                })
+                .await
+        })
+    }
+}
