@@ -73,7 +73,7 @@ where
         Err(r) => return Ok(reject(r)),
     };
     let id = RecordId::new(
-        shared.scope.scope(&parts),
+        shared.scope.scope_of(&parts),
         Operation::new(parts.method.as_str(), rule.path.as_str()),
         key,
     );

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use http::{HeaderName, Method, request::Parts};
-use idem_core::{FieldSelection, Policy, Scope};
+use idem_core::{FieldSelection, Operation, Policy, Scope};
 
 /// Whether a route needs an `Idempotency-Key`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -170,6 +170,13 @@ impl RouteRule {
     pub(crate) fn matches(&self, method: &Method, path: &str) -> bool {
         self.methods.contains(method) && self.path.matches(path)
     }
+
+    /// The operations this rule names, one per method (`POST /transfers`).
+    pub fn operations(&self) -> impl Iterator<Item = Operation> + '_ {
+        self.methods
+            .iter()
+            .map(|m| Operation::new(m.as_str(), self.path.as_str()))
+    }
 }
 
 /// Where a request's scope comes from: whose records it may see.
@@ -198,7 +205,8 @@ impl fmt::Debug for ScopeSource {
 }
 
 impl ScopeSource {
-    pub(crate) fn scope(&self, parts: &Parts) -> Scope {
+    /// The scope of a request, as the layer derives it.
+    pub fn scope_of(&self, parts: &Parts) -> Scope {
         match self {
             ScopeSource::Authorization => parts
                 .headers

@@ -33,6 +33,11 @@ mod sqlite;
 pub use pg::PostgresLedger;
 pub use sqlite::SqliteLedger;
 
+/// Set on responses of transfers that actually ran (committed or refused),
+/// never on replays.
+pub const EXECUTED: axum::http::HeaderName =
+    axum::http::HeaderName::from_static("x-ledger-executed");
+
 /// A transfer request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TransferRequest {
@@ -181,7 +186,13 @@ async fn transfer<L: Ledger>(
     match ledger.transfer(&ctx, req).await {
         Ok(Outcome::Done(stored)) => {
             ctx.mark_completed();
-            stored_to_response(&stored).map(axum::body::Body::new)
+            let mut response = stored_to_response(&stored).map(axum::body::Body::new);
+            // Not stored, so never on a replay: lets observers count real
+            // executions.
+            response
+                .headers_mut()
+                .insert(EXECUTED, axum::http::HeaderValue::from_static("1"));
+            response
         }
         // Another executor took over: let the client retry and replay it.
         Ok(Outcome::LostLease) => problem(

@@ -1,0 +1,178 @@
+//! The command line as typed: flags, environment variables, subcommands.
+//! Nothing here is validated beyond its syntax; see `config` for that.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "idem",
+    version,
+    about = "Safe retries for mutations: an idempotency gateway, a fault-injection demo, and record tools."
+)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Run the gateway in front of an HTTP service.
+    Serve(ServeArgs),
+    /// Run the whole system under injected faults and check one effect per intent.
+    Demo(DemoArgs),
+    /// Inspect or purge idempotency records.
+    #[command(subcommand)]
+    Records(RecordsCommand),
+}
+
+const SERVE_HELP: &str = "\
+Idempotency-Key policy:
+  Which requests:  POST and PATCH need an Idempotency-Key header by default
+                   (400 without one); other methods pass through. [[route]]
+                   rules in --config change this per method and path.
+  The key:         an RFC 8941 string (\"...\") or a bare value, 16 to 255
+                   printable ASCII characters (--min-key-len), never the
+                   request's credential and never a JWT. One key names one
+                   intent: send it unchanged on every retry.
+  Scope:           keys are per credential (a hash of Authorization), or per
+                   --tenant-header value. Tenants never see each other's keys.
+  What is kept:    the first response for --ttl (24h by default): its status,
+                   body and allowlisted headers (Content-Type, Location, ETag,
+                   ...; never Set-Cookie). 2xx/3xx and 4xx other than
+                   408/409/425/429 are replayed with Idempotent-Replayed: true.
+                   5xx, 408, 429, 502 and 504 (upstream down or slow) release
+                   the key: a retry is forwarded again.
+  Duplicates:      a retry while the first is running gets 409 with
+                   Retry-After, or with --wait waits for the first and
+                   replays it. The same key with a different body gets 422.
+  Expiry:          every keyed response carries Idempotency-Key-Expires; after
+                   it the key is forgotten and a retry would be forwarded again.
+  Store down:      503 with Retry-After; nothing is forwarded without a claim.
+  Exactly once:    the gateway forwards Idempotency-Key so the upstream can
+                   deduplicate too. If the upstream commits and the gateway
+                   dies before storing the answer, a retry after the lease is
+                   forwarded again: only the library's atomic mode, inside
+                   the service, makes effects exactly once.
+
+Read your own record: GET /_idem/records/KEY (same credential; add
+?method=POST&path=/transfers when more than one route is protected).
+Admin listener: /metrics (Prometheus), /healthz, /readyz.";
+
+#[derive(Debug, Args)]
+#[command(after_long_help = SERVE_HELP)]
+pub(crate) struct ServeArgs {
+    /// The service to protect, e.g. http://127.0.0.1:3000.
+    #[arg(long, env = "IDEM_UPSTREAM")]
+    pub(crate) upstream: Option<String>,
+    /// Address to accept requests on [default: 127.0.0.1:8080].
+    #[arg(long, env = "IDEM_LISTEN")]
+    pub(crate) listen: Option<String>,
+    /// Address for /metrics, /healthz, /readyz [default: 127.0.0.1:9090].
+    #[arg(long, env = "IDEM_ADMIN_LISTEN")]
+    pub(crate) admin_listen: Option<String>,
+    /// memory:, sqlite:PATH, postgres://..., redis://... [default: sqlite:idem.db].
+    #[arg(long, env = "IDEM_STORE")]
+    pub(crate) store: Option<String>,
+    /// A TOML file with these settings and [[route]] rules.
+    #[arg(long, env = "IDEM_CONFIG")]
+    pub(crate) config: Option<PathBuf>,
+    /// How long records are kept, e.g. 24h [default: 24h].
+    #[arg(long, env = "IDEM_TTL")]
+    pub(crate) ttl: Option<String>,
+    /// How long a forwarded request holds its key before another may take
+    /// over [default: 30s]. Keep it above --upstream-timeout.
+    #[arg(long, env = "IDEM_LEASE")]
+    pub(crate) lease: Option<String>,
+    /// Wait mode: a duplicate waits up to this long for the first and
+    /// replays it, instead of getting 409 at once.
+    #[arg(long, env = "IDEM_WAIT")]
+    pub(crate) wait: Option<String>,
+    /// Largest request body, e.g. 1MiB [default: 1MiB].
+    #[arg(long, env = "IDEM_MAX_BODY")]
+    pub(crate) max_body: Option<String>,
+    /// Shortest key accepted [default: 16].
+    #[arg(long, env = "IDEM_MIN_KEY_LEN")]
+    pub(crate) min_key_len: Option<usize>,
+    /// Scope keys by this header instead of by Authorization.
+    #[arg(long, env = "IDEM_TENANT_HEADER")]
+    pub(crate) tenant_header: Option<String>,
+    /// How long to wait for the upstream's answer [default: 25s].
+    #[arg(long, env = "IDEM_UPSTREAM_TIMEOUT")]
+    pub(crate) upstream_timeout: Option<String>,
+    /// How long running requests may finish after SIGTERM [default: 30s].
+    #[arg(long, env = "IDEM_SHUTDOWN_GRACE")]
+    pub(crate) shutdown_grace: Option<String>,
+    /// How often expired records are purged [default: 60s].
+    #[arg(long, env = "IDEM_SWEEP_INTERVAL")]
+    pub(crate) sweep_interval: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct DemoArgs {
+    /// Concurrent clients.
+    #[arg(long, default_value_t = 32)]
+    pub(crate) clients: usize,
+    /// Logical transfers to make.
+    #[arg(long, default_value_t = 3000)]
+    pub(crate) intents: usize,
+    /// Store for the ledger: sqlite:PATH or postgres://... [default: SQLite in a temporary directory].
+    #[arg(long)]
+    pub(crate) store: Option<String>,
+    /// Share of first attempts whose answer is lost after the commit.
+    #[arg(long, default_value_t = 0.2)]
+    pub(crate) drop_rate: f64,
+    /// Share of attempts refused with 503 before reaching the ledger.
+    #[arg(long, default_value_t = 0.1)]
+    pub(crate) fail_rate: f64,
+    /// Share of first attempts answered after the client's timeout.
+    #[arg(long, default_value_t = 0.02)]
+    pub(crate) slow_rate: f64,
+    /// Share of intents sent twice at once.
+    #[arg(long, default_value_t = 0.1)]
+    pub(crate) duplicate_rate: f64,
+    /// Share of intents whose key is then reused with a changed body.
+    #[arg(long, default_value_t = 0.02)]
+    pub(crate) reuse_rate: f64,
+    /// Seed for the fault choices.
+    #[arg(long, default_value_t = 42)]
+    pub(crate) seed: u64,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum RecordsCommand {
+    /// Show a record.
+    Get {
+        /// The Idempotency-Key.
+        key: String,
+        /// The store URL.
+        #[arg(long, env = "IDEM_STORE")]
+        store: String,
+        /// The tenant (as --tenant-header would give it).
+        #[arg(long, conflicts_with = "credential")]
+        tenant: Option<String>,
+        /// The full Authorization value the client used.
+        #[arg(long)]
+        credential: Option<String>,
+        /// The operation's method.
+        #[arg(long, default_value = "POST")]
+        method: String,
+        /// The operation's path (or route pattern). Without it, every
+        /// [[route]] of --config is tried.
+        #[arg(long)]
+        path: Option<String>,
+        /// The gateway's TOML config, whose routes name the operations.
+        #[arg(long, env = "IDEM_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// Delete expired records, in batches.
+    Purge {
+        /// The store URL.
+        #[arg(long, env = "IDEM_STORE")]
+        store: String,
+        /// Delete records that expired at least this long ago, e.g. 1h [default: 0s].
+        #[arg(long)]
+        older_than: Option<String>,
+    },
+}

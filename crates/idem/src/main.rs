@@ -1,0 +1,55 @@
+//! `idem`: the gateway that puts idempotency in front of any HTTP service
+//! (`idem serve`), the demo that proves one effect per intent under
+//! injected faults (`idem demo`), and operator tools (`idem records`).
+//!
+//! Raw input (flags, environment, TOML) is parsed in `cli` and validated
+//! once into `config::GatewayConfig`; the rest of the program sees only
+//! the validated form. Errors reach `main`, which prints one line and
+//! exits non-zero.
+
+mod cli;
+mod config;
+mod demo;
+mod gateway;
+mod records;
+mod stores;
+mod units;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("idem: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            cli::Command::Serve(args) => {
+                let cfg = config::GatewayConfig::from_args(&args)?;
+                gateway::serve(cfg).await.map(|()| ExitCode::SUCCESS)
+            }
+            cli::Command::Demo(args) => demo::run(args).await,
+            cli::Command::Records(cmd) => records::run(cmd).await.map(|()| ExitCode::SUCCESS),
+        }
+    });
+    // Background tasks (sweeper, upkeep) end with the runtime.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            // One line: the error and its causes.
+            let chain: Vec<String> = e.chain().map(ToString::to_string).collect();
+            eprintln!("idem: {}", chain.join(": "));
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,73 @@
+//! `idem records get | purge`.
+
+use anyhow::{Context, bail};
+use idem_core::{Key, Operation, RecordId, Scope, Timestamp};
+use idem_http::PathPattern;
+
+use crate::cli::RecordsCommand;
+use crate::config::route_operations;
+use crate::stores;
+use crate::units::duration;
+
+pub(crate) async fn run(cmd: RecordsCommand) -> anyhow::Result<()> {
+    match cmd {
+        RecordsCommand::Get {
+            key,
+            store,
+            tenant,
+            credential,
+            method,
+            path,
+            config,
+        } => {
+            let key = Key::new(key).context("invalid key")?;
+            let scope = match (tenant, credential) {
+                (Some(t), _) => Scope::from_tenant(&t),
+                (None, Some(c)) => Scope::from_credential(c.as_bytes()),
+                (None, None) => Scope::anonymous(),
+            };
+            let operations = match (path, config) {
+                (Some(p), _) => vec![(method, p)],
+                (None, Some(c)) => route_operations(&c)?,
+                (None, None) => bail!(
+                    "give --path (the route the key was used on) or --config (the gateway's routes)"
+                ),
+            };
+            let store = stores::open(&store).await?;
+            for (m, p) in operations {
+                let id = RecordId::new(
+                    scope.clone(),
+                    Operation::new(&m, PathPattern::new(&p).as_str()),
+                    key.clone(),
+                );
+                if let Some(view) = idem_http::lookup(&*store, &id)
+                    .await
+                    .context("reading the record")?
+                {
+                    println!("{}", serde_json::to_string_pretty(&view)?);
+                    return Ok(());
+                }
+            }
+            bail!("no live record for that key, scope and operation")
+        }
+        RecordsCommand::Purge { store, older_than } => {
+            let age = older_than
+                .map(|d| duration(&d))
+                .transpose()
+                .context("--older-than")?
+                .unwrap_or_default();
+            let store = stores::open(&store).await?;
+            let cutoff = Timestamp::now() - age;
+            let mut total = 0;
+            loop {
+                let n = store.purge_expired(cutoff, 1000).await.context("purging")?;
+                total += n;
+                if n < 1000 {
+                    break;
+                }
+            }
+            println!("purged {total} expired records");
+            Ok(())
+        }
+    }
+}
