@@ -490,5 +490,8 @@ impl Store for RedisStore {
     }
 }
 
+#[cfg(any(test, feature = "testkit"))]
+pub mod testkit;
+
 #[cfg(test)]
 mod tests;

@@ -97,71 +97,7 @@ fn scripts_survive_a_flush() {
     });
 }
 
-/// A private redis-server on a free port, killed on drop.
-struct PrivateRedis {
-    child: std::process::Child,
-    port: u16,
-}
-
-impl PrivateRedis {
-    fn start(port: u16) -> Option<PrivateRedis> {
-        let child = std::process::Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .stdout(std::process::Stdio::null())
-            .spawn();
-        match child {
-            Ok(child) => Some(PrivateRedis { child, port }),
-            Err(e) => {
-                eprintln!("skipped: cannot start redis-server ({e})");
-                None
-            }
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    /// Waits (bounded) until the server accepts connections.
-    fn wait_ready(&self) {
-        for _ in 0..200 {
-            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(25));
-        }
-        panic!("private redis-server did not start");
-    }
-
-    fn kill(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for PrivateRedis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use crate::testkit::{PrivateRedis, free_port};
 
 /// The store fails with `Unavailable` while Redis is down and works again
 /// once it is back, without being rebuilt; the new server has no scripts,

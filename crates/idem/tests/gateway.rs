@@ -1,0 +1,439 @@
+//! `idem serve` end to end: a real gateway process in front of a real
+//! upstream process that counts executions per key.
+#![allow(clippy::unwrap_used)] // a test crate: a panic is a failed assertion
+
+mod support;
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use support::{executions, gateway, idem, upstream};
+
+/// The child half: serves the counting upstream until killed.
+#[test]
+#[ignore = "child process of the gateway tests; run by them"]
+fn upstream_child() {
+    support::upstream_child_main();
+}
+
+fn key(tag: &str) -> String {
+    format!("gw-{tag}-{}-0000000", std::process::id())
+}
+
+async fn problem(r: reqwest::Response, status: u16, kind: &str) {
+    assert_eq!(r.status().as_u16(), status);
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["type"], format!("urn:idem:problem:{kind}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_table_through_the_gateway() {
+    let (_up, up) = upstream();
+    let g = gateway(&up, "memory:", &["--max-body", "1KiB"]).await;
+    let c = reqwest::Client::new();
+    let post = |path: &str, k: &str, body: &str| {
+        c.post(format!("{}{path}", g.base))
+            .header("idempotency-key", k)
+            .header("content-type", "application/json")
+            .body(body.to_owned())
+    };
+
+    // Missing, malformed and repeated keys: 400, nothing forwarded.
+    problem(
+        c.post(format!("{}/orders", g.base)).send().await.unwrap(),
+        400,
+        "missing-key",
+    )
+    .await;
+    problem(
+        post("/orders", "short", "{}").send().await.unwrap(),
+        400,
+        "invalid-key",
+    )
+    .await;
+    problem(
+        post("/orders", &key("rep"), "{}")
+            .header("idempotency-key", key("rep2"))
+            .send()
+            .await
+            .unwrap(),
+        400,
+        "repeated-key",
+    )
+    .await;
+    assert_eq!(executions(&up, "short").await, 0);
+
+    // Executed once, then replayed without reaching the upstream.
+    let k = key("replay");
+    let first = post("/orders", &k, r#"{"a":1,"b":2}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    assert!(first.headers().contains_key("idempotency-key-expires"));
+    let first_body = first.text().await.unwrap();
+    let again = post("/orders", &k, r#"{"b":2, "a":1}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.headers()["location"], "/orders/1");
+    assert!(again.headers().get("set-cookie").is_none());
+    assert_eq!(again.text().await.unwrap(), first_body);
+    assert_eq!(
+        executions(&up, &k).await,
+        1,
+        "replays do not reach the upstream"
+    );
+
+    // Mismatch: 422, not forwarded.
+    problem(
+        post("/orders", &k, r#"{"a":9}"#).send().await.unwrap(),
+        422,
+        "key-reused",
+    )
+    .await;
+    assert_eq!(executions(&up, &k).await, 1);
+
+    // Another tenant with the same key reaches the upstream.
+    let other = post("/orders", &k, r#"{"a":1,"b":2}"#)
+        .header("authorization", "Bearer other-tenant")
+        .send()
+        .await
+        .unwrap();
+    assert!(other.headers().get("idempotent-replayed").is_none());
+    assert_eq!(executions(&up, &k).await, 2);
+
+    // A body over the limit: 413.
+    problem(
+        post("/orders", &key("big"), &"x".repeat(4096))
+            .send()
+            .await
+            .unwrap(),
+        413,
+        "body-too-large",
+    )
+    .await;
+
+    // Upstream 503 releases the key: the retry is forwarded again.
+    let k5 = key("s503");
+    for _ in 0..2 {
+        assert_eq!(
+            post("/status/503", &k5, "{}")
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            503
+        );
+    }
+    assert_eq!(executions(&up, &k5).await, 2);
+    // Upstream 404 is kept and replayed.
+    let k4 = key("s404");
+    for _ in 0..2 {
+        assert_eq!(
+            post("/status/404", &k4, "{}")
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            404
+        );
+    }
+    assert_eq!(executions(&up, &k4).await, 1);
+
+    // In flight: 409 with Retry-After.
+    let ks = key("inflight");
+    let slow = tokio::spawn(post("/slow", &ks, "{}").send());
+    // The first is in the upstream once it counted itself.
+    while executions(&up, &ks).await == 0 {
+        tokio::task::yield_now().await;
+    }
+    let dup = post("/slow", &ks, "{}").send().await.unwrap();
+    assert_eq!(dup.headers()["retry-after"], "1");
+    problem(dup, 409, "in-flight").await;
+    reqwest::get(format!("{up}/release")).await.unwrap();
+    assert_eq!(slow.await.unwrap().unwrap().status(), 201);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarding_rewrites_hop_by_hop_and_forwards_the_key() {
+    let (_up, up) = upstream();
+    let g = gateway(&up, "memory:", &[]).await;
+    let k = key("echo");
+    let r = reqwest::Client::new()
+        .post(format!("{}/echo", g.base))
+        .header("idempotency-key", &k)
+        .header("connection", "keep-alive, x-private")
+        .header("x-private", "hop")
+        .header("x-forwarded-for", "10.1.2.3")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    let seen: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(seen["idempotency-key"], k.as_str());
+    assert_eq!(seen["x-forwarded-for"], "10.1.2.3, 127.0.0.1");
+    assert!(
+        seen["forwarded"]
+            .as_str()
+            .unwrap()
+            .starts_with("for=127.0.0.1;proto=http")
+    );
+    assert!(
+        seen.get("x-private").is_none(),
+        "headers named in Connection are dropped"
+    );
+    assert_eq!(seen["host"], up.trim_start_matches("http://"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reconciliation_read_path_and_records_cli() {
+    let (_up, up) = upstream();
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite:{}", dir.path().join("gw.db").display());
+    let g = gateway(&up, &store, &[]).await;
+    let c = reqwest::Client::new();
+    let k = key("read");
+    c.post(format!("{}/orders", g.base))
+        .header("idempotency-key", &k)
+        .header("authorization", "Bearer reader")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    let url = format!("{}/_idem/records/{k}?method=POST&path=/orders", g.base);
+    let mine = c
+        .get(&url)
+        .header("authorization", "Bearer reader")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(mine.status(), 200);
+    let view: serde_json::Value = mine.json().await.unwrap();
+    assert_eq!(view["status"], "completed");
+    assert_eq!(view["response"]["status"], 201);
+    let theirs = c
+        .get(&url)
+        .header("authorization", "Bearer someone-else")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(theirs.status(), 404, "another credential cannot read it");
+    let no_op = c
+        .get(format!("{}/_idem/records/{k}", g.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        no_op.status(),
+        400,
+        "the operation is required without routes"
+    );
+
+    drop(g); // SQLite: one writer at a time
+    let (code, out, err) = idem(&[
+        "records",
+        "get",
+        &k,
+        "--store",
+        &store,
+        "--credential",
+        "Bearer reader",
+        "--path",
+        "/orders",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("\"completed\""), "{out}");
+    let (code, _, err) = idem(&["records", "get", &k, "--store", &store, "--path", "/orders"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("no live record"), "{err}");
+    let (code, out, err) = idem(&["records", "purge", "--store", &store]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("purged 0"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_times_out_retries_into_409_then_the_stored_answer() {
+    let (_up, up) = upstream();
+    let g = gateway(&up, "memory:", &[]).await;
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let k = key("timeout");
+    let send = || {
+        impatient
+            .post(format!("{}/slow", g.base))
+            .header("idempotency-key", &k)
+            .body("{}")
+            .send()
+    };
+    assert!(send().await.unwrap_err().is_timeout());
+    let r = send().await.unwrap();
+    assert_eq!(r.status(), 409, "still running upstream");
+    reqwest::get(format!("{up}/release")).await.unwrap();
+    // The gateway finishes the forwarded request although its client left.
+    let mut answer = None;
+    for _ in 0..200 {
+        let r = send().await.unwrap();
+        if r.status() != 409 {
+            answer = Some(r);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let r = answer.expect("the stored answer");
+    assert_eq!(r.status(), 201);
+    assert_eq!(r.headers()["idempotent-replayed"], "true");
+    assert_eq!(r.text().await.unwrap(), "slow done");
+    assert_eq!(executions(&up, &k).await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_in_flight_requests_and_exits_zero() {
+    let (_up, up) = upstream();
+    let mut g = gateway(&up, "memory:", &["--shutdown-grace", "20s"]).await;
+    let k = key("drain");
+    let c = reqwest::Client::new();
+    let running = tokio::spawn(
+        c.post(format!("{}/slow", g.base))
+            .header("idempotency-key", &k)
+            .body("{}")
+            .send(),
+    );
+    while executions(&up, &k).await == 0 {
+        tokio::task::yield_now().await;
+    }
+    g.proc.terminate();
+    reqwest::get(format!("{up}/release")).await.unwrap();
+    assert_eq!(
+        running.await.unwrap().unwrap().status(),
+        201,
+        "the in-flight request finished"
+    );
+    let status = tokio::task::spawn_blocking(move || g.proc.child.wait().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+}
+
+#[test]
+fn start_up_errors_are_one_line_and_non_zero() {
+    let (code, _, err) = idem(&["serve", "--upstream", "http://127.0.0.1:1", "--bogus"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("--bogus"), "{err}");
+
+    let (code, _, err) = idem(&["serve"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("--upstream"), "{err}");
+
+    let (code, _, err) = idem(&[
+        "serve",
+        "--upstream",
+        "http://127.0.0.1:1",
+        "--store",
+        "postgres://nobody@127.0.0.1:1/x",
+    ]);
+    assert_eq!(code, 2);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("cannot reach store"), "{err}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("bad.toml");
+    std::fs::write(
+        &cfg,
+        "upstream = \"http://127.0.0.1:1\"\nttl = \"10s\"\nlease = \"30s\"\n",
+    )
+    .unwrap();
+    let (code, _, err) = idem(&["serve", "--config", cfg.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(err.contains("ttl") && err.contains("lease"), "{err}");
+
+    std::fs::write(&cfg, "upstream = \"http://127.0.0.1:1\"\nretries = 3\n").unwrap();
+    let (code, _, err) = idem(&["serve", "--config", cfg.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("invalid config file") && err.contains("retries"),
+        "{err}"
+    );
+
+    let (code, _, err) = idem(&["serve", "--upstream", "ftp://x", "--store", "memory:"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("http://"), "{err}");
+
+    let (code, _, err) = idem(&[
+        "serve",
+        "--upstream",
+        "http://127.0.0.1:1",
+        "--store",
+        "memory:",
+        "--upstream-timeout",
+        "40s",
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--lease"), "{err}");
+}
+
+#[test]
+fn serve_help_explains_the_key_policy() {
+    let (code, out, _) = idem(&["serve", "--help"]);
+    assert_eq!(code, 0);
+    for needle in [
+        "Idempotency-Key policy",
+        "POST and PATCH",
+        "Idempotency-Key-Expires",
+        "--ttl",
+        "409",
+        "422",
+        "exactly once",
+    ] {
+        assert!(
+            out.to_lowercase().contains(&needle.to_lowercase()),
+            "help lacks {needle:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_and_health_on_the_admin_listener() {
+    let (_up, up) = upstream();
+    let g = gateway(&up, "memory:", &[]).await;
+    let k = key("metrics");
+    let c = reqwest::Client::new();
+    for _ in 0..2 {
+        c.post(format!("{}/orders", g.base))
+            .header("idempotency-key", &k)
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        reqwest::get(format!("{}/readyz", g.admin))
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let text = reqwest::get(format!("{}/metrics", g.admin))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.contains("idem_requests_total{outcome=\"executed\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("idem_requests_total{outcome=\"replayed\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("idem_store_duration_seconds_bucket{op=\"claim\",le=\"0.001\"}"),
+        "histograms have buckets: {text}"
+    );
+    assert!(!text.contains(&k), "no key in metrics");
+}

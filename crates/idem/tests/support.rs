@@ -1,0 +1,253 @@
+//! Processes for the gateway tests: the `idem` binary, a counting upstream
+//! (this test binary re-run as a child), and waiting until they listen.
+#![allow(dead_code, unreachable_pub, missing_docs, missing_debug_implementations, clippy::unwrap_used)]
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+
+/// A child process killed on drop.
+pub struct Proc {
+    pub child: Child,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Proc {
+    /// Sends SIGTERM (through kill(1): the workspace forbids unsafe code).
+    pub fn terminate(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Polls `url` until it answers 2xx, for up to 20 s.
+pub async fn wait_ok(url: &str) {
+    let client = reqwest::Client::new();
+    for _ in 0..400 {
+        if let Ok(r) = client.get(url).send().await
+            && r.status().is_success()
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{url} never became ready");
+}
+
+/// A running `idem serve`.
+pub struct Gateway {
+    pub proc: Proc,
+    pub base: String,
+    pub admin: String,
+}
+
+/// Starts `idem serve` with `args` on free ports and waits for /healthz.
+pub async fn gateway(upstream: &str, store: &str, extra: &[&str]) -> Gateway {
+    let (port, admin) = (free_port(), free_port());
+    let child = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["serve", "--upstream", upstream, "--store", store])
+        .args([
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--admin-listen",
+            &format!("127.0.0.1:{admin}"),
+        ])
+        .args(extra)
+        .env_remove("IDEM_CONFIG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let g = Gateway {
+        proc: Proc { child },
+        base: format!("http://127.0.0.1:{port}"),
+        admin: format!("http://127.0.0.1:{admin}"),
+    };
+    wait_ok(&format!("{}/healthz", g.admin)).await;
+    g
+}
+
+/// Runs `idem` with `args` to completion; returns (exit code, stdout, stderr).
+pub fn idem(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(args)
+        .env_remove("IDEM_CONFIG")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Starts the counting upstream as a child process; returns it and its URL.
+pub fn upstream() -> (Proc, String) {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "upstream_child",
+            "--include-ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("IDEM_UPSTREAM_CHILD", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines();
+    let addr = loop {
+        let line = lines.next().expect("upstream exited").unwrap();
+        // libtest may print "test upstream_child ... " before it.
+        if let Some((_, addr)) = line.split_once("UPSTREAM-LISTENING ") {
+            break addr.trim().to_owned();
+        }
+    };
+    // Keep draining its stdout so it never blocks.
+    std::thread::spawn(move || for _ in lines {});
+    (Proc { child }, format!("http://{addr}"))
+}
+
+struct Counts {
+    per_key: Mutex<HashMap<String, u64>>,
+    gate: tokio::sync::Semaphore,
+}
+
+impl Default for Counts {
+    fn default() -> Counts {
+        Counts {
+            per_key: Mutex::default(),
+            gate: tokio::sync::Semaphore::new(0),
+        }
+    }
+}
+
+fn count(state: &Counts, headers: &HeaderMap) -> u64 {
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("none")
+        .to_owned();
+    let mut map = state.per_key.lock().unwrap();
+    let n = map.entry(key).or_default();
+    *n += 1;
+    *n
+}
+
+fn header_map(headers: &HeaderMap) -> serde_json::Value {
+    let mut m = serde_json::Map::new();
+    for (k, v) in headers {
+        m.insert(
+            k.to_string(),
+            serde_json::Value::String(v.to_str().unwrap_or("").to_owned()),
+        );
+    }
+    serde_json::Value::Object(m)
+}
+
+/// The upstream's app: counts executions per Idempotency-Key.
+pub fn upstream_app() -> Router {
+    let state = Arc::new(Counts::default());
+    Router::new()
+        .route(
+            "/orders",
+            post(|State(s): State<Arc<Counts>>, headers: HeaderMap, body: String| async move {
+                let n = count(&s, &headers);
+                let auth = headers.get("authorization").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+                (
+                    StatusCode::CREATED,
+                    [("set-cookie", "session=upstream"), ("location", "/orders/1")],
+                    Json(serde_json::json!({ "execution": n, "auth": auth, "body": body })),
+                )
+            }),
+        )
+        .route(
+            "/echo",
+            post(|State(s): State<Arc<Counts>>, headers: HeaderMap| async move {
+                count(&s, &headers);
+                Json(header_map(&headers))
+            }),
+        )
+        .route(
+            "/status/{code}",
+            post(|State(s): State<Arc<Counts>>, headers: HeaderMap, Path(code): Path<u16>| async move {
+                count(&s, &headers);
+                StatusCode::from_u16(code).unwrap()
+            }),
+        )
+        .route(
+            "/slow",
+            post(|State(s): State<Arc<Counts>>, headers: HeaderMap| async move {
+                count(&s, &headers);
+                s.gate.acquire().await.unwrap().forget();
+                (StatusCode::CREATED, "slow done")
+            }),
+        )
+        .route(
+            "/release",
+            get(|State(s): State<Arc<Counts>>| async move {
+                s.gate.add_permits(1);
+                "released"
+            }),
+        )
+        .route(
+            "/count/{key}",
+            get(|State(s): State<Arc<Counts>>, Path(key): Path<String>| async move {
+                s.per_key.lock().unwrap().get(&key).copied().unwrap_or(0).to_string()
+            }),
+        )
+        .with_state(state)
+}
+
+/// How often the upstream executed `key`.
+pub async fn executions(upstream: &str, key: &str) -> u64 {
+    reqwest::get(format!("{upstream}/count/{key}"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// The body of each test binary's `upstream_child`: serves the counting
+/// upstream and prints its address.
+pub fn upstream_child_main() {
+    assert!(
+        std::env::var_os("IDEM_UPSTREAM_CHILD").is_some(),
+        "run by the gateway tests"
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        println!("UPSTREAM-LISTENING {}", listener.local_addr().unwrap());
+        axum::serve(listener, upstream_app()).await.unwrap();
+    });
+}
