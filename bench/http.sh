@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Throughput and p99 through the idem-http layer (memory and SQLite, new
-# keys and replays) against the same service without it, in one run.
+# Requests/s and p99 through the idem-http layer (in-process) and through
+# `idem serve` (its own process), new keys and replays, memory and SQLite,
+# each against its baseline measured in the same run. Load generator:
+# reqwest, 32 keep-alive tasks (IDEM_BENCH_CONCURRENCY), 5 s a figure
+# (IDEM_BENCH_SECS).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo bench -q -p idem-http --bench layer_throughput
+cargo bench -q -p idem --bench http

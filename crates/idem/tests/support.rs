@@ -1,6 +1,12 @@
 //! Processes for the gateway tests: the `idem` binary, a counting upstream
 //! (this test binary re-run as a child), and waiting until they listen.
-#![allow(dead_code, unreachable_pub, missing_docs, missing_debug_implementations, clippy::unwrap_used)]
+#![allow(
+    dead_code,
+    unreachable_pub,
+    missing_docs,
+    missing_debug_implementations,
+    clippy::unwrap_used
+)]
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
