@@ -322,7 +322,8 @@ async fn sigterm_drains_in_flight_requests_and_exits_zero() {
 #[test]
 fn start_up_errors_are_one_line_and_non_zero() {
     let (code, _, err) = idem(&["serve", "--upstream", "http://127.0.0.1:1", "--bogus"]);
-    assert_ne!(code, 0);
+    assert_eq!(code, 2);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("--bogus"), "{err}");
 
     let (code, _, err) = idem(&["serve"]);
@@ -436,4 +437,63 @@ async fn metrics_and_health_on_the_admin_listener() {
         "histograms have buckets: {text}"
     );
     assert!(!text.contains(&k), "no key in metrics");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweeper_purges_expired_records() {
+    let (_up, up) = upstream();
+    let g = gateway(
+        &up,
+        "memory:",
+        &[
+            "--ttl",
+            "1s",
+            "--lease",
+            "800ms",
+            "--upstream-timeout",
+            "500ms",
+            "--sweep-interval",
+            "100ms",
+        ],
+    )
+    .await;
+    let c = reqwest::Client::new();
+    for i in 0..3 {
+        let r = c
+            .post(format!("{}/orders", g.base))
+            .header("idempotency-key", key(&format!("sweep{i}")))
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201);
+    }
+    // The records expire after 1 s; the sweeper then deletes them.
+    let mut purged = 0;
+    for _ in 0..100 {
+        let text = reqwest::get(format!("{}/metrics", g.admin))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        purged = text
+            .lines()
+            .find_map(|l| l.strip_prefix("idem_records_purged_total "))
+            .map_or(0, |v| v.trim().parse().unwrap());
+        if purged >= 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(purged, 3);
+    // And the keys are free again: the same key executes anew.
+    let r = c
+        .post(format!("{}/orders", g.base))
+        .header("idempotency-key", key("sweep0"))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert!(r.headers().get("idempotent-replayed").is_none());
 }
