@@ -78,7 +78,7 @@ pub use policy::{Concurrency, Disposition, Policy, PolicyBuilder, PolicyError};
 pub use record::{Fence, HeaderDecodeError, Record, Status, StoredResponse};
 pub use scope::{Operation, RecordId, Scope};
 pub use store::{
-    Atomic, BoxFuture, Claim, ClaimRequest, Completion, Lease, Settled, Store, StoreError,
-    StoreErrorKind,
+    Atomic, BoxFuture, Claim, ClaimRequest, Completion, Lease, Settled, StaleCursor, Store,
+    StoreError, StoreErrorKind,
 };
 pub use time::Timestamp;

@@ -10,9 +10,11 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use crate::record::{Fence, Record};
+use crate::record::{Fence, Record, Status};
 use crate::scope::RecordId;
-use crate::store::{BoxFuture, Claim, ClaimRequest, Completion, Settled, Store, StoreError};
+use crate::store::{
+    BoxFuture, Claim, ClaimRequest, Completion, Settled, StaleCursor, Store, StoreError,
+};
 use crate::time::Timestamp;
 use crate::transition;
 
@@ -157,6 +159,36 @@ impl Store for MemoryStore {
                 }
             }
             Ok(purged)
+        })
+    }
+
+    fn list_stale<'a>(
+        &'a self,
+        now: Timestamp,
+        after: Option<&'a StaleCursor>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>> {
+        Box::pin(async move {
+            // A full scan, one shard locked at a time: the memory store is
+            // for tests and single processes, where this is small.
+            let position = |r: &Record| (r.lease_until.unwrap_or_default(), r.id.clone());
+            let mut stale: Vec<Record> = (0..SHARDS)
+                .flat_map(|i| {
+                    self.lock(i)
+                        .values()
+                        .filter(|r| {
+                            r.status == Status::InProgress
+                                && r.is_live(now)
+                                && !r.lease_is_live(now)
+                        })
+                        .cloned()
+                        .collect::<Vec<_>>()
+                })
+                .filter(|r| after.is_none_or(|c| position(r) > (c.lease_until, c.id.clone())))
+                .collect();
+            stale.sort_by_key(position);
+            stale.truncate(limit);
+            Ok(stale)
         })
     }
 }

@@ -150,6 +150,26 @@ pub enum Atomic<T, E> {
     StaleFence,
 }
 
+/// Where a page of [`Store::list_stale`] ended: the next page starts after
+/// this record. Stores order stale records by `lease_until`, then by id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StaleCursor {
+    /// The last record's lease end.
+    pub lease_until: Timestamp,
+    /// The last record's id.
+    pub id: RecordId,
+}
+
+impl StaleCursor {
+    /// The cursor just after `record`.
+    pub fn after(record: &Record) -> StaleCursor {
+        StaleCursor {
+            lease_until: record.lease_until.unwrap_or_default(),
+            id: record.id.clone(),
+        }
+    }
+}
+
 /// The store operations. Every method is atomic in the backend.
 ///
 /// # Example
@@ -230,6 +250,21 @@ pub trait Store: Send + Sync + 'static {
         now: Timestamp,
         limit: usize,
     ) -> BoxFuture<'_, Result<usize, StoreError>>;
+
+    /// Up to `limit` stale records: in progress, lease ended at `now`, not
+    /// expired. Their executors may have died; recovery decides what became
+    /// of them. Ordered by `lease_until`, then by id in the store's own
+    /// order; pass the last one's [`StaleCursor`] as `after` for the next
+    /// page.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the backend cannot answer.
+    fn list_stale<'a>(
+        &'a self,
+        now: Timestamp,
+        after: Option<&'a StaleCursor>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>>;
 }
 
 impl<S: Store + ?Sized> Store for Arc<S> {
@@ -266,6 +301,14 @@ impl<S: Store + ?Sized> Store for Arc<S> {
         limit: usize,
     ) -> BoxFuture<'_, Result<usize, StoreError>> {
         (**self).purge_expired(now, limit)
+    }
+    fn list_stale<'a>(
+        &'a self,
+        now: Timestamp,
+        after: Option<&'a StaleCursor>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>> {
+        (**self).list_stale(now, after, limit)
     }
 }
 

@@ -76,8 +76,9 @@ use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
 use idem_core::{
-    BoxFuture, Claim, ClaimRequest, Completion, Fence, Fingerprint, Lease, Record, RecordId,
-    Settled, Status, Store, StoreError, StoreErrorKind, StoredResponse, Timestamp,
+    BoxFuture, Claim, ClaimRequest, Completion, Fence, Fingerprint, Key, Lease, Operation, Record,
+    RecordId, Scope, Settled, StaleCursor, Status, Store, StoreError, StoreErrorKind,
+    StoredResponse, Timestamp,
 };
 use tokio_postgres::{NoTls, Row, Statement};
 
@@ -193,6 +194,13 @@ impl PostgresStoreBuilder {
                          SELECT ctid FROM {s}.idem_records WHERE expires_at <= $1 \
                          LIMIT $2 FOR UPDATE SKIP LOCKED))"
                     ),
+                    stale: format!(
+                        "SELECT fingerprint, status, fence, created_at, lease_until, expires_at, resource_id, \
+                         response_status, response_headers, response_body, scope, operation, key \
+                         FROM {s}.idem_records WHERE status = 0 AND lease_until <= $1 AND expires_at > $1 \
+                         AND (lease_until, scope, operation, key) > ($2, $3, $4, $5) \
+                         ORDER BY lease_until, scope, operation, key LIMIT $6"
+                    ),
                 },
                 pool,
                 schema: self.schema,
@@ -208,6 +216,7 @@ struct Sql {
     get: String,
     lock: String,
     purge: String,
+    stale: String,
 }
 
 struct Inner {
@@ -458,28 +467,7 @@ impl Store for PostgresStore {
                 )
                 .await
                 .map_err(|e| pg_error("reading a record", e))?;
-            let Some(row) = row else { return Ok(None) };
-            let get_err = |e| pg_error("reading a record", e);
-            let fp: Vec<u8> = row.try_get(0).map_err(get_err)?;
-            let status: i16 = row.try_get(1).map_err(get_err)?;
-            Ok(Some(Record {
-                id: id.clone(),
-                fingerprint: Fingerprint::from_slice(&fp).ok_or_else(|| corrupt("fingerprint"))?,
-                status: Status::from_code(i64::from(status)).ok_or_else(|| corrupt("status"))?,
-                fence: fence_from(row.try_get(2).map_err(get_err)?)?,
-                created_at: Timestamp::from_millis(row.try_get(3).map_err(get_err)?),
-                lease_until: row
-                    .try_get::<_, Option<i64>>(4)
-                    .map_err(get_err)?
-                    .map(Timestamp::from_millis),
-                expires_at: Timestamp::from_millis(row.try_get(5).map_err(get_err)?),
-                resource_id: row.try_get(6).map_err(get_err)?,
-                response: response_from(
-                    row.try_get(7).map_err(get_err)?,
-                    row.try_get(8).map_err(get_err)?,
-                    row.try_get(9).map_err(get_err)?,
-                )?,
-            }))
+            row.map(|row| record_from_row(id.clone(), &row)).transpose()
         })
     }
 
@@ -498,6 +486,74 @@ impl Store for PostgresStore {
             Ok(usize::try_from(n).unwrap_or(usize::MAX))
         })
     }
+
+    fn list_stale<'a>(
+        &'a self,
+        now: Timestamp,
+        after: Option<&'a StaleCursor>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>> {
+        Box::pin(async move {
+            let (client, stmt) = self
+                .prepared(&self.inner.sql.stale, "stale listing")
+                .await?;
+            let (lease, scope, op, key) = match after {
+                Some(c) => (
+                    c.lease_until.as_millis(),
+                    c.id.scope.as_str(),
+                    c.id.operation.as_str(),
+                    c.id.key.as_str(),
+                ),
+                None => (i64::MIN, "", "", ""),
+            };
+            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            let rows = client
+                .query(
+                    &stmt,
+                    &[&now.as_millis(), &lease, &scope, &op, &key, &limit],
+                )
+                .await
+                .map_err(|e| pg_error("listing stale records", e))?;
+            rows.iter()
+                .map(|row| {
+                    let get_err = |e| pg_error("listing stale records", e);
+                    let key = Key::new(row.try_get::<_, String>(12).map_err(get_err)?)
+                        .map_err(|_| corrupt("key"))?;
+                    let id = RecordId::new(
+                        Scope::from_raw(row.try_get::<_, String>(10).map_err(get_err)?),
+                        Operation::from_raw(row.try_get::<_, String>(11).map_err(get_err)?),
+                        key,
+                    );
+                    record_from_row(id, row)
+                })
+                .collect()
+        })
+    }
+}
+
+/// A record from the first ten columns of `get` and `stale`.
+fn record_from_row(id: RecordId, row: &Row) -> Result<Record, StoreError> {
+    let get_err = |e| pg_error("reading a record", e);
+    let fp: Vec<u8> = row.try_get(0).map_err(get_err)?;
+    let status: i16 = row.try_get(1).map_err(get_err)?;
+    Ok(Record {
+        id,
+        fingerprint: Fingerprint::from_slice(&fp).ok_or_else(|| corrupt("fingerprint"))?,
+        status: Status::from_code(i64::from(status)).ok_or_else(|| corrupt("status"))?,
+        fence: fence_from(row.try_get(2).map_err(get_err)?)?,
+        created_at: Timestamp::from_millis(row.try_get(3).map_err(get_err)?),
+        lease_until: row
+            .try_get::<_, Option<i64>>(4)
+            .map_err(get_err)?
+            .map(Timestamp::from_millis),
+        expires_at: Timestamp::from_millis(row.try_get(5).map_err(get_err)?),
+        resource_id: row.try_get(6).map_err(get_err)?,
+        response: response_from(
+            row.try_get(7).map_err(get_err)?,
+            row.try_get(8).map_err(get_err)?,
+            row.try_get(9).map_err(get_err)?,
+        )?,
+    })
 }
 
 /// The completion statement, on a plain client or inside a transaction.

@@ -100,6 +100,10 @@ BEGIN
 END
 $fn$;
 "#,
+    // 2: stale-record listing reads only in-progress records, in lease order.
+    r#"
+CREATE INDEX idem_records_stale ON {s}.idem_records (lease_until, scope, operation, key) WHERE status = 0;
+"#,
 ];
 
 /// The newest schema version this code knows.

@@ -45,8 +45,9 @@ use std::fmt;
 use std::time::Duration;
 
 use idem_core::{
-    BoxFuture, Claim, ClaimRequest, Completion, Fence, Fingerprint, Lease, Record, RecordId,
-    Settled, Status, Store, StoreError, StoreErrorKind, StoredResponse, Timestamp,
+    BoxFuture, Claim, ClaimRequest, Completion, Fence, Fingerprint, Key, Lease, Operation, Record,
+    RecordId, Scope, Settled, StaleCursor, Status, Store, StoreError, StoreErrorKind,
+    StoredResponse, Timestamp,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Script, Value};
@@ -93,6 +94,7 @@ impl RedisStoreBuilder {
         Ok(RedisStore {
             conn,
             fence_key: format!("{}:fence", self.prefix),
+            index_key: format!("{}:in-progress", self.prefix),
             prefix: self.prefix,
             scripts: Scripts::new(),
         })
@@ -106,6 +108,7 @@ struct Scripts {
     release: Script,
     get: Script,
     purge: Script,
+    stale: Script,
 }
 
 impl Scripts {
@@ -116,6 +119,7 @@ impl Scripts {
             release: Script::new(include_str!("lua/release.lua")),
             get: Script::new(include_str!("lua/get.lua")),
             purge: Script::new(include_str!("lua/purge.lua")),
+            stale: Script::new(include_str!("lua/stale.lua")),
         }
     }
 }
@@ -126,6 +130,7 @@ pub struct RedisStore {
     conn: ConnectionManager,
     prefix: String,
     fence_key: String,
+    index_key: String,
     scripts: Scripts,
 }
 
@@ -275,6 +280,73 @@ impl RedisStore {
         )
     }
 
+    /// The record id a record key names; `None` if it is not one of ours.
+    fn id_of(&self, record_key: &str) -> Option<RecordId> {
+        let rest = record_key.strip_prefix(&self.prefix)?.strip_prefix(":r:")?;
+        let (scope_len, rest) = rest.split_once(':')?;
+        let scope_len: usize = scope_len.parse().ok()?;
+        let scope = rest.get(..scope_len)?;
+        let rest = rest.get(scope_len..)?.strip_prefix(':')?;
+        let (op_len, rest) = rest.split_once(':')?;
+        let op_len: usize = op_len.parse().ok()?;
+        let op = rest.get(..op_len)?;
+        let key = rest.get(op_len..)?.strip_prefix(':')?;
+        Some(RecordId::new(
+            Scope::from_raw(scope),
+            Operation::from_raw(op),
+            Key::new(key).ok()?,
+        ))
+    }
+
+    async fn list_stale_now(
+        &self,
+        now: Timestamp,
+        after: Option<&StaleCursor>,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
+        let mut conn = self.conn.clone();
+        let (score, member) = match after {
+            Some(c) => (
+                c.lease_until.as_millis().to_string(),
+                self.record_key(&c.id),
+            ),
+            None => ("-inf".to_owned(), String::new()),
+        };
+        let items: Vec<Value> = self
+            .scripts
+            .stale
+            .key(&self.index_key)
+            .arg(now.as_millis())
+            .arg(score)
+            .arg(member)
+            .arg(limit)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| redis_error("listing stale records", e))?;
+        items
+            .chunks(7)
+            .map(|c| {
+                let record_key =
+                    String::from_utf8(bytes(c, 0)?).map_err(|_| corrupt("record key"))?;
+                let id = self
+                    .id_of(&record_key)
+                    .ok_or_else(|| corrupt("record key"))?;
+                Ok(Record {
+                    id,
+                    fingerprint: Fingerprint::from_slice(&bytes(c, 1)?)
+                        .ok_or_else(|| corrupt("fingerprint"))?,
+                    status: status_of(int(c, 2)?)?,
+                    fence: fence_of(int(c, 3)?)?,
+                    created_at: Timestamp::from_millis(need(int(c, 4)?, "created_at")?),
+                    lease_until: int(c, 5)?.map(Timestamp::from_millis),
+                    expires_at: Timestamp::from_millis(need(int(c, 6)?, "expires_at")?),
+                    resource_id: None,
+                    response: None,
+                })
+            })
+            .collect()
+    }
+
     /// Deletes every key under the prefix. For tests.
     ///
     /// # Errors
@@ -308,6 +380,7 @@ impl RedisStore {
             .claim
             .key(self.record_key(&req.id))
             .key(&self.fence_key)
+            .key(&self.index_key)
             .arg(&req.fingerprint.as_bytes()[..])
             .arg(req.now.as_millis())
             .arg(lease_until.as_millis())
@@ -367,6 +440,7 @@ impl RedisStore {
                 self.scripts
                     .complete
                     .key(key)
+                    .key(&self.index_key)
                     .arg(fence)
                     .arg(c.status().code())
                     .arg(rid)
@@ -381,6 +455,7 @@ impl RedisStore {
                 .scripts
                 .release
                 .key(key)
+                .key(&self.index_key)
                 .arg(fence)
                 .invoke_async(&mut conn)
                 .await
@@ -430,6 +505,7 @@ impl RedisStore {
             let (next, keys) = scan_page(&mut conn, cursor, &pattern).await?;
             if !keys.is_empty() {
                 let mut inv = self.scripts.purge.prepare_invoke();
+                inv.key(&self.index_key);
                 for k in &keys {
                     inv.key(k);
                 }
@@ -487,6 +563,15 @@ impl Store for RedisStore {
         limit: usize,
     ) -> BoxFuture<'_, Result<usize, StoreError>> {
         Box::pin(self.purge_now(now, limit))
+    }
+
+    fn list_stale<'a>(
+        &'a self,
+        now: Timestamp,
+        after: Option<&'a StaleCursor>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>> {
+        Box::pin(self.list_stale_now(now, after, limit))
     }
 }
 

@@ -49,8 +49,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use idem_core::{
-    BoxFuture, Claim, ClaimRequest, Completion, Fence, Record, RecordId, Settled, Store,
-    StoreError, StoreErrorKind, Timestamp,
+    BoxFuture, Claim, ClaimRequest, Completion, Fence, Key, Operation, Record, RecordId, Scope,
+    Settled, StaleCursor, Store, StoreError, StoreErrorKind, Timestamp,
 };
 use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::oneshot;
@@ -307,6 +307,60 @@ impl Store for SqliteStore {
         limit: usize,
     ) -> BoxFuture<'_, Result<usize, StoreError>> {
         Box::pin(self.submit(move |tx| Job::Purge(now, limit, tx)))
+    }
+
+    fn list_stale<'a>(
+        &'a self,
+        now: Timestamp,
+        after: Option<&'a StaleCursor>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>> {
+        let after = after.cloned();
+        Box::pin(self.read(move |conn| {
+            let (lease, scope, op, key) = match &after {
+                Some(c) => (
+                    c.lease_until.as_millis(),
+                    c.id.scope.as_str().to_owned(),
+                    c.id.operation.as_str().to_owned(),
+                    c.id.key.as_str().to_owned(),
+                ),
+                None => (i64::MIN, String::new(), String::new(), String::new()),
+            };
+            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            let sql = format!(
+                "SELECT {}, scope, operation, key FROM idem_records INDEXED BY idem_records_stale \
+                 WHERE status = 0 AND lease_until <= ?1 AND expires_at > ?1 \
+                 AND (lease_until, scope, operation, key) > (?2, ?3, ?4, ?5) \
+                 ORDER BY lease_until, scope, operation, key LIMIT ?6",
+                row::COLUMNS
+            );
+            let mut stmt = conn
+                .prepare_cached(&sql)
+                .map_err(|e| row::store_error("listing stale records", e))?;
+            let rows = stmt
+                .query_map(
+                    params![now.as_millis(), lease, scope, op, key, limit],
+                    |r| {
+                        let key: String = r.get(12)?;
+                        let key = Key::new(key).map_err(|e| {
+                            rusqlite::Error::FromSqlConversionFailure(
+                                12,
+                                rusqlite::types::Type::Text,
+                                Box::new(e),
+                            )
+                        })?;
+                        let id = RecordId::new(
+                            Scope::from_raw(r.get::<_, String>(10)?),
+                            Operation::from_raw(r.get::<_, String>(11)?),
+                            key,
+                        );
+                        row::record_from_row(&id, r)
+                    },
+                )
+                .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+                .map_err(|e| row::store_error("listing stale records", e))?;
+            Ok(rows)
+        }))
     }
 }
 

@@ -15,7 +15,10 @@ use crate::Synchronous;
 /// "idem" in ASCII.
 const APPLICATION_ID: i64 = 0x6964_656d;
 /// The schema this code writes.
-pub(crate) const SCHEMA_VERSION: i64 = 1;
+pub(crate) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// Migration `i` takes the schema from version `i` to `i + 1`.
+const MIGRATIONS: [&str; 2] = [SCHEMA_V1, SCHEMA_V2];
 
 const SCHEMA_V1: &str = "
 CREATE TABLE idem_records (
@@ -37,6 +40,11 @@ CREATE TABLE idem_records (
 CREATE INDEX idem_records_expires_at ON idem_records (expires_at);
 CREATE TABLE idem_meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 INSERT INTO idem_meta (name, value) VALUES ('fence', 0);
+";
+
+/// Stale-record listing: only in-progress records, in lease order.
+const SCHEMA_V2: &str = "
+CREATE INDEX idem_records_stale ON idem_records (lease_until, scope, operation, key) WHERE status = 0;
 ";
 
 fn setup(message: String) -> StoreError {
@@ -89,7 +97,7 @@ pub(crate) fn open_writer(path: &Path, sync: Synchronous) -> Result<Connection, 
 
     match (app_id, version) {
         (0, 0) if tables == 0 => {}
-        (APPLICATION_ID, v) if v == SCHEMA_VERSION => {}
+        (APPLICATION_ID, v) if (1..=SCHEMA_VERSION).contains(&v) => {}
         (APPLICATION_ID, v) if v > SCHEMA_VERSION => {
             return Err(setup(format!(
                 "{}: the store was written by a newer idem (schema {v}; this one knows {SCHEMA_VERSION})",
@@ -111,8 +119,8 @@ pub(crate) fn open_writer(path: &Path, sync: Synchronous) -> Result<Connection, 
     conn.busy_timeout(std::time::Duration::from_secs(5))
         .map_err(|e| sql_setup(path, "cannot set busy timeout", e))?;
 
-    if tables == 0 {
-        create_schema(&conn).map_err(|e| sql_setup(path, "cannot create the schema", e))?;
+    if tables == 0 || version < SCHEMA_VERSION {
+        migrate(&conn).map_err(|e| sql_setup(path, "cannot create or migrate the schema", e))?;
     }
     Ok(conn)
 }
@@ -129,19 +137,22 @@ pub(crate) fn open_reader(path: &Path) -> Result<Connection, StoreError> {
     Ok(conn)
 }
 
-/// Creates the schema unless another process did so first: the check and
-/// the creation share one write transaction.
-fn create_schema(conn: &Connection) -> rusqlite::Result<()> {
+/// Applies the migrations this file lacks, in one write transaction that
+/// first re-reads the version, so two processes opening a new file at once
+/// do not both create it.
+fn migrate(conn: &Connection) -> rusqlite::Result<()> {
     conn.execute_batch("BEGIN IMMEDIATE")?;
     let result = (|| {
-        let tables: i64 = conn.query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))?;
-        if tables == 0 {
-            conn.execute_batch(SCHEMA_V1)?;
-            conn.execute_batch(&format!(
-                "PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = {SCHEMA_VERSION};"
-            ))?;
+        let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+        for sql in MIGRATIONS
+            .iter()
+            .skip(usize::try_from(version).unwrap_or(0))
+        {
+            conn.execute_batch(sql)?;
         }
-        Ok(())
+        conn.execute_batch(&format!(
+            "PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = {SCHEMA_VERSION};"
+        ))
     })();
     match result {
         Ok(()) => conn.execute_batch("COMMIT"),

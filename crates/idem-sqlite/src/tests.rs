@@ -367,3 +367,28 @@ mod atomic_mode {
         crash_test("after-commit");
     }
 }
+
+#[test]
+fn a_version_1_store_is_migrated_on_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v1.db");
+    drop(SqliteStore::open(&path).unwrap());
+    let c = Connection::open(&path).unwrap();
+    c.execute_batch("DROP INDEX idem_records_stale; PRAGMA user_version = 1;")
+        .unwrap();
+    drop(c);
+    drop(SqliteStore::open(&path).unwrap());
+    let c = Connection::open(&path).unwrap();
+    let v: i64 = c
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(v, schema::SCHEMA_VERSION);
+    let n: i64 = c
+        .query_row(
+            "SELECT count(*) FROM sqlite_schema WHERE name = 'idem_records_stale'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(n, 1);
+}

@@ -366,3 +366,64 @@ pub async fn race_one_key_across<S: Store>(stores: &[Arc<S>], tasks: usize) {
     assert_eq!(acquired_n, 1, "exactly one executor");
     assert_eq!(in_flight, tasks - 1);
 }
+
+/// Stale records (in progress, lease over, not expired) are listed in
+/// pages, oldest lease first, each once; finished, live-lease and expired
+/// records are not.
+pub async fn stale_records_are_listed_in_pages<S: Store + ?Sized>(store: &S) {
+    use crate::StaleCursor;
+    let mut stale_ids = Vec::new();
+    for i in 0..5u64 {
+        let id = unique_id(&format!("stale-key-{i:06}"));
+        // Claimed at t0 + i seconds, so leases end in that order.
+        let mut req = request(&id, "{}", t0() + Duration::from_secs(i));
+        req.lease = Duration::from_secs(10);
+        acquired(claim_ok(store, &req).await);
+        stale_ids.push(id);
+    }
+    let done = unique_id("stale-done-00001");
+    let lease = acquired(claim_ok(store, &request(&done, "{}", t0())).await);
+    let _ = store
+        .complete(
+            &done,
+            lease.fence,
+            Completion::completed(response(200, "d")),
+            t0(),
+        )
+        .await
+        .unwrap();
+    let later = t0() + Duration::from_secs(100);
+    let live = unique_id("stale-live-00001");
+    acquired(claim_ok(store, &request(&live, "{}", later)).await);
+    let expired = unique_id("stale-expired-01");
+    let mut req = request(&expired, "{}", t0());
+    req.ttl = Duration::from_secs(50);
+    req.lease = Duration::from_secs(10);
+    acquired(claim_ok(store, &req).await);
+
+    let mut seen = Vec::new();
+    let mut cursor: Option<StaleCursor> = None;
+    loop {
+        let page = store.list_stale(later, cursor.as_ref(), 2).await.unwrap();
+        assert!(page.len() <= 2, "pages are bounded");
+        let Some(last) = page.last() else { break };
+        cursor = Some(StaleCursor::after(last));
+        for r in &page {
+            assert_eq!(r.status, Status::InProgress);
+            assert!(r.response.is_none());
+        }
+        seen.extend(page.into_iter().map(|r| r.id));
+    }
+    assert_eq!(
+        seen, stale_ids,
+        "each stale record once, oldest lease first"
+    );
+    // Before the leases end, nothing is stale.
+    assert!(
+        store
+            .list_stale(t0() + Duration::from_secs(1), None, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}

@@ -112,6 +112,7 @@ macro_rules! conformance_tests {
             stale_fences_change_nothing,
             expired_records_execute_again,
             purge_deletes_only_expired_in_bounded_batches,
+            stale_records_are_listed_in_pages,
         );
 
         #[test]
@@ -225,6 +226,14 @@ impl<S: Store> Store for Guarded<S> {
         limit: usize,
     ) -> crate::BoxFuture<'_, Result<usize, crate::StoreError>> {
         self.store.purge_expired(now, limit)
+    }
+    fn list_stale<'a>(
+        &'a self,
+        now: Timestamp,
+        after: Option<&'a crate::StaleCursor>,
+        limit: usize,
+    ) -> crate::BoxFuture<'a, Result<Vec<crate::Record>, crate::StoreError>> {
+        self.store.list_stale(now, after, limit)
     }
 }
 

@@ -194,6 +194,14 @@ impl Store for DownStore {
     fn purge_expired(&self, _: Timestamp, _: usize) -> BoxFuture<'_, Result<usize, StoreError>> {
         Box::pin(async { Err(down()) })
     }
+    fn list_stale<'a>(
+        &'a self,
+        _: Timestamp,
+        _: Option<&'a idem_core::StaleCursor>,
+        _: usize,
+    ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>> {
+        Box::pin(async { Err(down()) })
+    }
 }
 
 pub async fn memory() -> Option<Arc<dyn Store>> {

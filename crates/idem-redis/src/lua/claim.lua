@@ -1,4 +1,4 @@
--- KEYS[1] record, KEYS[2] fence counter
+-- KEYS[1] record, KEYS[2] fence counter, KEYS[3] in-progress index (zset by lease end)
 -- ARGV: fingerprint, now, lease_until, expires_at (milliseconds)
 -- Reply: {outcome, fence, created_at, lease_until, expires_at, status,
 --         resource_id, response_status, response_headers, response_body}
@@ -22,4 +22,5 @@ local f = redis.call('INCR', KEYS[2])
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'fp', ARGV[1], 'st', '0', 'fence', f, 'ca', ARGV[2], 'lu', ARGV[3], 'ea', ARGV[4])
 redis.call('PEXPIREAT', KEYS[1], ARGV[4])
+redis.call('ZADD', KEYS[3], ARGV[3], KEYS[1])
 return {taken, f, ARGV[2], ARGV[3], ARGV[4], '0', '', '', '', ''}
