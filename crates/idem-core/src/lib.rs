@@ -63,6 +63,7 @@ mod key;
 mod memory;
 mod policy;
 mod record;
+mod recovery;
 mod scope;
 mod store;
 mod time;
@@ -76,6 +77,7 @@ pub use key::{Key, KeyError, KeyPolicy, MAX_KEY_LEN};
 pub use memory::MemoryStore;
 pub use policy::{Concurrency, Disposition, Policy, PolicyBuilder, PolicyError};
 pub use record::{Fence, HeaderDecodeError, Record, Status, StoredResponse};
+pub use recovery::{Reconcile, ReconcileReport, ReleaseAll, Resolution, reconcile_once};
 pub use scope::{Operation, RecordId, Scope};
 pub use store::{
     Atomic, BoxFuture, Claim, ClaimRequest, Completion, Lease, Settled, StaleCursor, Store,

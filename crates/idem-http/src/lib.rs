@@ -59,6 +59,7 @@ mod flow;
 mod layer;
 pub mod metrics;
 mod reconcile;
+pub mod recovery;
 mod rejection;
 mod replay;
 mod rule;

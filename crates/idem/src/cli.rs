@@ -166,6 +166,16 @@ pub(crate) enum RecordsCommand {
         #[arg(long, env = "IDEM_CONFIG")]
         config: Option<PathBuf>,
     },
+    /// List stale records: in progress with their lease over (an executor
+    /// or gateway died mid-request). A running gateway releases them.
+    Stale {
+        /// The store URL.
+        #[arg(long, env = "IDEM_STORE")]
+        store: String,
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
     /// Delete expired records, in batches.
     Purge {
         /// The store URL.

@@ -1,7 +1,7 @@
 //! `idem records get | purge`.
 
 use anyhow::{Context, bail};
-use idem_core::{Key, Operation, RecordId, Scope, Timestamp};
+use idem_core::{Key, Operation, RecordId, Scope, StaleCursor, Timestamp};
 use idem_http::PathPattern;
 
 use crate::cli::RecordsCommand;
@@ -49,6 +49,38 @@ pub(crate) async fn run(cmd: RecordsCommand) -> anyhow::Result<()> {
                 }
             }
             bail!("no live record for that key, scope and operation")
+        }
+        RecordsCommand::Stale { store, limit } => {
+            let store = stores::open(&store).await?;
+            let now = Timestamp::now();
+            let mut cursor: Option<StaleCursor> = None;
+            let mut shown = 0;
+            println!(
+                "{:<24} {:<12} {:<28} {:>10}  key (log id)",
+                "lease ended", "overdue", "operation", "fence"
+            );
+            while shown < limit {
+                let page = store
+                    .list_stale(now, cursor.as_ref(), (limit - shown).min(100))
+                    .await
+                    .context("listing stale records")?;
+                let Some(last) = page.last() else { break };
+                cursor = Some(StaleCursor::after(last));
+                for r in &page {
+                    let lease = r.lease_until.unwrap_or_default();
+                    println!(
+                        "{:<24} {:<12} {:<28} {:>10}  {}",
+                        httpdate::fmt_http_date(lease.to_system_time()),
+                        format!("{}s", now.saturating_since(lease).as_secs()),
+                        r.id.operation.as_str(),
+                        r.fence.get(),
+                        r.id.key.log_id()
+                    );
+                }
+                shown += page.len();
+            }
+            println!("{shown} stale records");
+            Ok(())
         }
         RecordsCommand::Purge { store, older_than } => {
             let age = older_than

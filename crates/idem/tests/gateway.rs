@@ -352,6 +352,10 @@ fn start_up_errors_are_one_line_and_non_zero() {
     assert_eq!(code, 2);
     assert!(err.contains("ttl") && err.contains("lease"), "{err}");
 
+    let (code, _, err) = idem(&["serve", "--upstream", "http://127.0.0.1:1", "--store", "memory:", "--ttl", "60s", "--wait", "90s"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("wait limit"), "{err}");
+
     std::fs::write(&cfg, "upstream = \"http://127.0.0.1:1\"\nretries = 3\n").unwrap();
     let (code, _, err) = idem(&["serve", "--config", cfg.to_str().unwrap()]);
     assert_eq!(code, 2);
@@ -496,4 +500,82 @@ async fn the_sweeper_purges_expired_records() {
         .await
         .unwrap();
     assert!(r.headers().get("idempotent-replayed").is_none());
+}
+
+/// A gateway killed mid-request leaves a stale claim; `idem records stale`
+/// lists it, and another gateway on the same store releases it after the
+/// lease, so the client's retry is forwarded again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_gateways_claims_are_listed_and_released() {
+    let (_up, up) = upstream();
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite:{}", dir.path().join("recover.db").display());
+    let timing = [
+        "--lease",
+        "1s",
+        "--upstream-timeout",
+        "800ms",
+        "--sweep-interval",
+        "100ms",
+    ];
+    let mut a = gateway(&up, &store, &timing).await;
+    let k = key("dead");
+    let c = reqwest::Client::new();
+    let lost = tokio::spawn(
+        c.post(format!("{}/slow", a.base))
+            .header("idempotency-key", &k)
+            .body("{}")
+            .send(),
+    );
+    while executions(&up, &k).await == 0 {
+        tokio::task::yield_now().await;
+    }
+    a.proc.child.kill().unwrap(); // SIGKILL: no release, no completion
+    a.proc.child.wait().unwrap();
+    assert!(lost.await.unwrap().is_err());
+
+    // Once the lease is over, the claim is stale.
+    let mut listed = String::new();
+    for _ in 0..100 {
+        let (code, out, err) = idem(&["records", "stale", "--store", &store]);
+        assert_eq!(code, 0, "{err}");
+        if out.contains("1 stale records") {
+            listed = out;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(listed.contains("POST /slow"), "{listed}");
+
+    let b = gateway(&up, &store, &timing).await;
+    let mut released = false;
+    for _ in 0..100 {
+        let text = reqwest::get(format!("{}/metrics", b.admin))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if text.contains("idem_reconciled_total{action=\"released\"} 1") {
+            released = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(released, "the second gateway released the stale claim");
+    let (_, out, _) = idem(&["records", "stale", "--store", &store]);
+    assert!(out.contains("0 stale records"), "{out}");
+    // The retry is forwarded again (the upstream sees the same key).
+    reqwest::get(format!("{up}/release")).await.unwrap();
+    let retry = tokio::spawn(
+        c.post(format!("{}/slow", b.base))
+            .header("idempotency-key", &k)
+            .body("{}")
+            .send(),
+    );
+    while executions(&up, &k).await < 2 {
+        tokio::task::yield_now().await;
+    }
+    reqwest::get(format!("{up}/release")).await.unwrap();
+    assert_eq!(retry.await.unwrap().unwrap().status(), 201);
 }

@@ -252,6 +252,28 @@ pub fn transfer_rule() -> RouteRule {
     RouteRule::post("/transfers").fingerprint_fields(["/from", "/to", "/amount"])
 }
 
+/// A boxed error, as [`idem_core::Reconcile`] returns.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Recovery's rule for the ledger: a stale transfer whose row exists
+/// happened, and is completed with the response it would have had; one
+/// without a row did not, and is released so a retry makes it. (In atomic
+/// mode a row never exists without its completed record, so stale records
+/// are always released; a ledger that wrote rows outside the transaction
+/// would need the first branch.)
+pub(crate) fn resolve(
+    record: &idem_core::Record,
+    transfer: Option<Transfer>,
+) -> Result<idem_core::Resolution, BoxError> {
+    if record.id.operation.as_str() != "POST /transfers" {
+        return Ok(idem_core::Resolution::Leave);
+    }
+    Ok(match transfer {
+        Some(t) => idem_core::Resolution::Complete(committed(&t)),
+        None => idem_core::Resolution::Release,
+    })
+}
+
 /// Maps an atomic-mode result to an [`Outcome`].
 pub(crate) fn outcome<E>(a: Atomic<StoredResponse, E>) -> Result<Outcome, E> {
     match a {

@@ -172,3 +172,39 @@ impl Ledger for PostgresLedger {
         Ok(self.scalar(&sql, &[]).await?.unwrap_or(0))
     }
 }
+
+impl PostgresLedger {
+    /// The transfer made under `key`, if any.
+    ///
+    /// # Errors
+    /// When PostgreSQL fails.
+    pub async fn transfer_by_key(&self, key: &str) -> Result<Option<Transfer>, LedgerError> {
+        let client = self.store.pool().get().await.map_err(|e| {
+            LedgerError::Store(idem_core::StoreError::new(
+                idem_core::StoreErrorKind::Unavailable,
+                e.to_string(),
+            ))
+        })?;
+        let sql = format!(
+            "SELECT id, from_acct, to_acct, amount FROM {}.transfers WHERE idem_key = $1",
+            self.store.schema()
+        );
+        Ok(client.query_opt(&sql, &[&key]).await?.map(|r| Transfer {
+            id: r.get(0),
+            from: r.get(1),
+            to: r.get(2),
+            amount: r.get(3),
+        }))
+    }
+}
+
+impl idem_core::Reconcile for PostgresLedger {
+    fn resolve<'a>(
+        &'a self,
+        record: &'a idem_core::Record,
+    ) -> idem_core::BoxFuture<'a, Result<idem_core::Resolution, crate::BoxError>> {
+        Box::pin(async move {
+            crate::resolve(record, self.transfer_by_key(record.id.key.as_str()).await?)
+        })
+    }
+}

@@ -198,3 +198,40 @@ impl Ledger for SqliteLedger {
             .await
     }
 }
+
+impl SqliteLedger {
+    /// The transfer made under `key`, if any.
+    ///
+    /// # Errors
+    /// When SQLite fails.
+    pub async fn transfer_by_key(&self, key: &str) -> Result<Option<Transfer>, LedgerError> {
+        let key = key.to_owned();
+        self.read(move |c| {
+            c.query_row(
+                "SELECT id, from_acct, to_acct, amount FROM transfers WHERE idem_key = ?1",
+                [key],
+                |r| {
+                    Ok(Transfer {
+                        id: r.get(0)?,
+                        from: r.get(1)?,
+                        to: r.get(2)?,
+                        amount: r.get(3)?,
+                    })
+                },
+            )
+            .optional()
+        })
+        .await
+    }
+}
+
+impl idem_core::Reconcile for SqliteLedger {
+    fn resolve<'a>(
+        &'a self,
+        record: &'a idem_core::Record,
+    ) -> idem_core::BoxFuture<'a, Result<idem_core::Resolution, crate::BoxError>> {
+        Box::pin(async move {
+            crate::resolve(record, self.transfer_by_key(record.id.key.as_str()).await?)
+        })
+    }
+}

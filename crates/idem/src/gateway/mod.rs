@@ -76,6 +76,15 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
     let shutdown = tokio_util::sync::CancellationToken::new();
     tokio::spawn(signals(shutdown.clone()));
     tokio::spawn(sweep(store.clone(), cfg.sweep_interval, shutdown.clone()));
+    // Stale claims (a gateway died mid-request) are released after their
+    // lease: the gateway cannot see whether the upstream acted, and the
+    // upstream got the same Idempotency-Key to deduplicate the retry.
+    tokio::spawn(idem_http::recovery::run_reconciler(
+        store.clone(),
+        Arc::new(idem_core::ReleaseAll),
+        cfg.sweep_interval,
+        shutdown.clone(),
+    ));
     {
         let (prometheus, handle, shutdown) = (prometheus.clone(), handle.clone(), shutdown.clone());
         tokio::spawn(async move {
