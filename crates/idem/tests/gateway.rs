@@ -116,32 +116,19 @@ async fn the_status_table_through_the_gateway() {
     )
     .await;
 
-    // Upstream 503 releases the key: the retry is forwarded again.
-    let k5 = key("s503");
-    for _ in 0..2 {
-        assert_eq!(
-            post("/status/503", &k5, "{}")
+    // Upstream 503 releases the key (the retry is forwarded again); 404 is
+    // kept and replayed.
+    for (status, forwarded) in [(503u16, 2u64), (404, 1)] {
+        let k = key(&format!("s{status}"));
+        for _ in 0..2 {
+            let r = post(&format!("/status/{status}"), &k, "{}")
                 .send()
                 .await
-                .unwrap()
-                .status(),
-            503
-        );
+                .unwrap();
+            assert_eq!(r.status().as_u16(), status);
+        }
+        assert_eq!(executions(&up, &k).await, forwarded, "status {status}");
     }
-    assert_eq!(executions(&up, &k5).await, 2);
-    // Upstream 404 is kept and replayed.
-    let k4 = key("s404");
-    for _ in 0..2 {
-        assert_eq!(
-            post("/status/404", &k4, "{}")
-                .send()
-                .await
-                .unwrap()
-                .status(),
-            404
-        );
-    }
-    assert_eq!(executions(&up, &k4).await, 1);
 
     // In flight: 409 with Retry-After.
     let ks = key("inflight");
@@ -352,7 +339,17 @@ fn start_up_errors_are_one_line_and_non_zero() {
     assert_eq!(code, 2);
     assert!(err.contains("ttl") && err.contains("lease"), "{err}");
 
-    let (code, _, err) = idem(&["serve", "--upstream", "http://127.0.0.1:1", "--store", "memory:", "--ttl", "60s", "--wait", "90s"]);
+    let (code, _, err) = idem(&[
+        "serve",
+        "--upstream",
+        "http://127.0.0.1:1",
+        "--store",
+        "memory:",
+        "--ttl",
+        "60s",
+        "--wait",
+        "90s",
+    ]);
     assert_eq!(code, 2);
     assert!(err.contains("wait limit"), "{err}");
 
