@@ -175,7 +175,12 @@ async fn claim_or_wait(
         // Subscribe before claiming, so a finish between the claim and the
         // wait is not missed.
         let notify = deadline.map(|_| shared.waiters.subscribe(id));
-        let notified = notify.as_ref().map(|n| n.notified());
+        // Enabled now, so a `notify_waiters` between the claim and the wait
+        // below still wakes this waiter.
+        let mut notified = notify.as_ref().map(|n| Box::pin(n.notified()));
+        if let Some(n) = notified.as_mut() {
+            n.as_mut().enable();
+        }
         let req = ClaimRequest {
             id: id.clone(),
             fingerprint,
