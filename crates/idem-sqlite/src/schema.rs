@@ -116,6 +116,12 @@ pub(crate) fn open_writer(path: &Path, sync: Synchronous) -> Result<Connection, 
         .map_err(|e| sql_setup(path, "cannot switch to WAL", e))?;
     conn.pragma_update(None, "synchronous", sync.pragma())
         .map_err(|e| sql_setup(path, "cannot set synchronous", e))?;
+    // Checkpoint the WAL every 8,000 pages (32 MiB) instead of 1,000, so
+    // checkpoints (each an fsync of the main file) are rarer. Durability is
+    // unchanged: every commit still fsyncs the WAL. (A larger page cache was
+    // tried and measured slower: SQLite walks it on every transaction end.)
+    conn.execute_batch("PRAGMA wal_autocheckpoint = 8000;")
+        .map_err(|e| sql_setup(path, "cannot set the checkpoint interval", e))?;
     conn.busy_timeout(std::time::Duration::from_secs(5))
         .map_err(|e| sql_setup(path, "cannot set busy timeout", e))?;
 
