@@ -9,7 +9,8 @@
 //! - [`Key`] and [`KeyPolicy`]: parsing the `Idempotency-Key` header value
 //!   and refusing keys that are too short or look like secrets;
 //! - [`Scope`], [`Operation`], [`RecordId`]: whose record, for what;
-//! - [`Fingerprint`]: SHA-256 over the operation and the (canonical JSON) body;
+//! - [`Fingerprint`]: SHA-256 over the operation, the request target and the
+//!   (canonical JSON) body;
 //! - [`Record`], [`Status`], [`Fence`], [`Policy`];
 //! - the [`Store`] trait and its state machine ([`transition`]);
 //! - [`MemoryStore`], sharded and lock-per-shard;
@@ -57,6 +58,7 @@
 //! judges leases and expiry the same way and tests move time without
 //! sleeping. See [`Timestamp`].
 
+mod canonical_json;
 mod digest;
 mod fingerprint;
 mod key;
@@ -72,6 +74,8 @@ pub mod transition;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 
+#[doc(hidden)]
+pub use canonical_json::canonicalize_json;
 pub use fingerprint::{FieldSelection, Fingerprint};
 pub use key::{Key, KeyError, KeyPolicy, MAX_KEY_LEN};
 pub use memory::MemoryStore;

@@ -1,17 +1,27 @@
 //! An in-memory store for tests and single-process services.
 //!
 //! Records live in a fixed number of shards, each a `HashMap` behind its own
-//! mutex, chosen by hashing the record id: claims on different keys rarely
-//! touch the same lock, and no lock is held across an `.await`. Nothing
-//! survives the process; use the SQLite store when it must.
+//! mutex, chosen by hashing the record's scope and key (not its operation):
+//! claims on different keys rarely touch the same lock, and no lock is held
+//! across an `.await`. Nothing survives the process; use the SQLite store
+//! when it must.
+//!
+//! Because every operation of one (scope, key) lives in one shard, each
+//! shard also keeps an index from (scope, key) to the operations it holds
+//! records for, updated under the same lock as the records themselves (on
+//! the claim that creates a record, the release that deletes it, and the
+//! purge). [`Store::find_by_key`] therefore locks one shard and reads a few
+//! records, whatever the size of the store.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
+use crate::key::Key;
 use crate::record::{Fence, Record, Status};
-use crate::scope::RecordId;
+use crate::scope::{Operation, RecordId, Scope};
 use crate::store::{
     BoxFuture, Claim, ClaimRequest, Completion, Settled, StaleCursor, Store, StoreError,
 };
@@ -23,9 +33,43 @@ const SHARDS: usize = 64;
 /// The in-memory store. Cheap to share behind an `Arc`.
 #[derive(Debug)]
 pub struct MemoryStore {
-    shards: Box<[Mutex<HashMap<RecordId, Record>>]>,
+    shards: Box<[Mutex<Shard>]>,
     hasher: RandomState,
     fences: AtomicU64,
+}
+
+/// One shard: its records, and the operations of its records by (scope, key).
+#[derive(Debug, Default)]
+struct Shard {
+    records: HashMap<RecordId, Record>,
+    /// Never holds an empty list: a (scope, key) whose last record goes is
+    /// removed.
+    by_key: HashMap<(Scope, Key), Vec<Operation>>,
+}
+
+impl Shard {
+    /// Saves `record` under `id`, indexing it if it is new.
+    fn insert(&mut self, id: &RecordId, record: Record) {
+        if self.records.insert(id.clone(), record).is_none() {
+            self.by_key
+                .entry((id.scope.clone(), id.key.clone()))
+                .or_default()
+                .push(id.operation.clone());
+        }
+    }
+
+    /// Deletes the record at `id` and its index entry.
+    fn remove(&mut self, id: &RecordId) {
+        if self.records.remove(id).is_none() {
+            return;
+        }
+        if let Entry::Occupied(mut ops) = self.by_key.entry((id.scope.clone(), id.key.clone())) {
+            ops.get_mut().retain(|op| *op != id.operation);
+            if ops.get().is_empty() {
+                ops.remove();
+            }
+        }
+    }
 }
 
 impl Default for MemoryStore {
@@ -38,7 +82,7 @@ impl MemoryStore {
     /// An empty store.
     pub fn new() -> MemoryStore {
         MemoryStore {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             hasher: RandomState::new(),
             fences: AtomicU64::new(0),
         }
@@ -46,7 +90,7 @@ impl MemoryStore {
 
     /// How many records it holds, expired ones included.
     pub fn len(&self) -> usize {
-        (0..SHARDS).map(|i| self.lock(i).len()).sum()
+        (0..SHARDS).map(|i| self.lock(i).records.len()).sum()
     }
 
     /// Whether it holds no record.
@@ -54,14 +98,16 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    fn shard_of(&self, id: &RecordId) -> usize {
-        (self.hasher.hash_one(id) as usize) % SHARDS
+    /// The shard of every record of `scope` with `key`, whatever its
+    /// operation, so that [`Store::find_by_key`] locks one shard.
+    fn shard_of(&self, scope: &Scope, key: &Key) -> usize {
+        (self.hasher.hash_one((scope, key)) as usize) % SHARDS
     }
 
     /// Locks a shard. A panic while holding the lock cannot leave a record
     /// half-written (every update is a single assignment), so a poisoned
     /// lock is simply taken over.
-    fn lock(&self, shard: usize) -> MutexGuard<'_, HashMap<RecordId, Record>> {
+    fn lock(&self, shard: usize) -> MutexGuard<'_, Shard> {
         self.shards[shard]
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -72,28 +118,26 @@ impl MemoryStore {
     }
 
     fn claim_now(&self, req: &ClaimRequest) -> Claim {
-        let mut shard = self.lock(self.shard_of(&req.id));
-        let step = transition::claim(shard.get(&req.id), req, || self.next_fence());
+        let mut shard = self.lock(self.shard_of(&req.id.scope, &req.id.key));
+        let step = transition::claim(shard.records.get(&req.id), req, || self.next_fence());
         if let Some(record) = step.write {
-            shard.insert(req.id.clone(), record);
+            shard.insert(&req.id, record);
         }
         step.claim
     }
 
     fn finish_now(&self, id: &RecordId, fence: Fence, completion: Option<Completion>) -> Settled {
-        let mut shard = self.lock(self.shard_of(id));
-        if !transition::may_finish(shard.get(id), fence) {
+        let mut shard = self.lock(self.shard_of(&id.scope, &id.key));
+        if !transition::may_finish(shard.records.get(id), fence) {
             return Settled::StaleFence;
         }
         match completion {
             Some(c) => {
-                if let Some(rec) = shard.get_mut(id) {
+                if let Some(rec) = shard.records.get_mut(id) {
                     transition::complete(rec, c);
                 }
             }
-            None => {
-                shard.remove(id);
-            }
+            None => shard.remove(id),
         }
         Settled::Applied
     }
@@ -129,8 +173,8 @@ impl Store for MemoryStore {
         now: Timestamp,
     ) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
         Box::pin(async move {
-            let shard = self.lock(self.shard_of(id));
-            Ok(shard.get(id).filter(|r| r.is_live(now)).cloned())
+            let shard = self.lock(self.shard_of(&id.scope, &id.key));
+            Ok(shard.records.get(id).filter(|r| r.is_live(now)).cloned())
         })
     }
 
@@ -148,6 +192,7 @@ impl Store for MemoryStore {
                 }
                 let mut shard = self.lock(i);
                 let expired: Vec<RecordId> = shard
+                    .records
                     .iter()
                     .filter(|(_, r)| !r.is_live(now))
                     .map(|(id, _)| id.clone())
@@ -175,6 +220,7 @@ impl Store for MemoryStore {
             let mut stale: Vec<Record> = (0..SHARDS)
                 .flat_map(|i| {
                     self.lock(i)
+                        .records
                         .values()
                         .filter(|r| {
                             r.status == Status::InProgress
@@ -191,6 +237,35 @@ impl Store for MemoryStore {
             Ok(stale)
         })
     }
+
+    fn find_by_key<'a>(
+        &'a self,
+        scope: &'a Scope,
+        key: &'a Key,
+        now: Timestamp,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>> {
+        Box::pin(async move {
+            let mut found: Vec<Record> = {
+                let shard = self.lock(self.shard_of(scope, key));
+                let Some(ops) = shard.by_key.get(&(scope.clone(), key.clone())) else {
+                    return Ok(Vec::new());
+                };
+                let mut id = RecordId::new(scope.clone(), Operation::from_raw(""), key.clone());
+                ops.iter()
+                    .filter_map(|op| {
+                        id.operation.clone_from(op);
+                        shard.records.get(&id).filter(|r| r.is_live(now)).cloned()
+                    })
+                    .collect()
+            };
+            found.sort_by(|a, b| {
+                (b.created_at, &b.id.operation).cmp(&(a.created_at, &a.id.operation))
+            });
+            found.truncate(limit);
+            Ok(found)
+        })
+    }
 }
 
 #[cfg(test)]
@@ -198,4 +273,65 @@ mod tests {
     use super::MemoryStore;
 
     crate::conformance_tests!(async { MemoryStore::new() });
+
+    /// The (scope, key) index follows claims, releases and purges, so it
+    /// never grows beyond the records it points at.
+    #[test]
+    fn the_key_index_keeps_in_step_with_the_records() {
+        use crate::testkit::{request, t0, unique_id};
+        use crate::{Claim, Operation, RecordId, Settled, Store};
+        use std::time::Duration;
+
+        let indexed = |store: &MemoryStore| -> usize {
+            (0..super::SHARDS)
+                .map(|i| store.lock(i).by_key.values().map(Vec::len).sum::<usize>())
+                .sum()
+        };
+        crate::testkit::runtime().block_on(async {
+            let store = MemoryStore::new();
+            let a = unique_id("index-key-000001");
+            let b = RecordId::new(
+                a.scope.clone(),
+                Operation::new("PUT", "/index"),
+                a.key.clone(),
+            );
+            let Claim::Acquired(la) = store.claim(&request(&a, "{}", t0())).await.unwrap() else {
+                panic!("claim a");
+            };
+            let mut short = request(&b, "{}", t0());
+            short.ttl = Duration::from_secs(60);
+            assert!(matches!(
+                store.claim(&short).await.unwrap(),
+                Claim::Acquired(_)
+            ));
+            assert_eq!(indexed(&store), 2);
+            // A takeover overwrites a record: still one entry for it.
+            let later = t0() + Duration::from_secs(31);
+            assert!(matches!(
+                store.claim(&request(&a, "{}", later)).await.unwrap(),
+                Claim::Acquired(_)
+            ));
+            assert_eq!(indexed(&store), 2);
+            assert_eq!(
+                store.release(&a, la.fence, later).await.unwrap(),
+                Settled::StaleFence
+            );
+            assert_eq!(indexed(&store), 2, "a stale release changes nothing");
+            let rec = store.get(&a, later).await.unwrap().unwrap();
+            assert_eq!(
+                store.release(&a, rec.fence, later).await.unwrap(),
+                Settled::Applied
+            );
+            assert_eq!(indexed(&store), 1);
+            let after = t0() + Duration::from_secs(60);
+            assert_eq!(store.purge_expired(after, 10).await.unwrap(), 1);
+            assert_eq!(indexed(&store), 0);
+            assert!(
+                store
+                    .lock(store.shard_of(&a.scope, &a.key))
+                    .by_key
+                    .is_empty()
+            );
+        });
+    }
 }

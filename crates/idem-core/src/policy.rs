@@ -53,6 +53,18 @@ pub enum PolicyError {
     /// Zero durations make no sense for a lease or ttl.
     #[error("{0} must be greater than zero")]
     Zero(&'static str),
+    /// A duration past its bound ([`Policy::MAX_TTL`], [`Policy::MAX_LEASE`],
+    /// [`Policy::MAX_WAIT`]): a typo such as `3000000d` must not start a
+    /// server whose expiry dates cannot even be written.
+    #[error("{what} ({value:?}) must be at most {max:?}")]
+    TooLong {
+        /// `ttl`, `lease` or `wait`.
+        what: &'static str,
+        /// The configured value.
+        value: Duration,
+        /// The bound.
+        max: Duration,
+    },
 }
 
 /// The rules for one operation. Build with [`Policy::builder`]; a built
@@ -73,6 +85,15 @@ impl Default for Policy {
 }
 
 impl Policy {
+    /// The longest ttl: 366 days. Keys are for retries, not archives; a
+    /// longer ttl is almost always a unit typo.
+    pub const MAX_TTL: Duration = Duration::from_secs(366 * 86_400);
+    /// The longest lease: one day.
+    pub const MAX_LEASE: Duration = Duration::from_secs(86_400);
+    /// The longest a duplicate may wait in wait mode: five minutes (it holds
+    /// a connection all that time).
+    pub const MAX_WAIT: Duration = Duration::from_secs(300);
+
     /// Starts from the defaults: ttl 24 h, lease 30 s, conflict mode, the
     /// outcome rules of DESIGN.md section 2.
     pub fn builder() -> PolicyBuilder {
@@ -184,6 +205,18 @@ impl PolicyBuilder {
         if self.lease.is_zero() {
             return Err(PolicyError::Zero("lease"));
         }
+        let bounded = |what, value: Duration, max: Duration| {
+            if value > max {
+                Err(PolicyError::TooLong { what, value, max })
+            } else {
+                Ok(())
+            }
+        };
+        bounded("ttl", self.ttl, Policy::MAX_TTL)?;
+        bounded("lease", self.lease, Policy::MAX_LEASE)?;
+        if let Concurrency::Wait { limit } = self.concurrency {
+            bounded("wait", limit, Policy::MAX_WAIT)?;
+        }
         if self.ttl <= self.lease {
             return Err(PolicyError::TtlNotAboveLease {
                 ttl: self.ttl,
@@ -264,5 +297,27 @@ mod tests {
             Err(PolicyError::Zero("lease"))
         );
         assert!(Policy::builder().build().is_ok());
+    }
+
+    #[test]
+    fn durations_past_their_bounds_are_refused() {
+        let d = |days: u64| Duration::from_secs(days * 86_400);
+        assert!(matches!(
+            Policy::builder().ttl(d(3_000_000)).build(),
+            Err(PolicyError::TooLong { what: "ttl", .. })
+        ));
+        assert!(Policy::builder().ttl(Policy::MAX_TTL).build().is_ok());
+        assert!(matches!(
+            Policy::builder().lease(d(2)).ttl(d(3)).build(),
+            Err(PolicyError::TooLong { what: "lease", .. })
+        ));
+        assert!(matches!(
+            Policy::builder()
+                .concurrency(Concurrency::Wait {
+                    limit: Duration::from_secs(301)
+                })
+                .build(),
+            Err(PolicyError::TooLong { what: "wait", .. })
+        ));
     }
 }

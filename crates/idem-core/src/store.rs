@@ -1,4 +1,4 @@
-//! The `Store` trait: the five atomic operations every backend provides.
+//! The `Store` trait: the atomic operations every backend provides.
 //!
 //! A store is a map from [`RecordId`] to [`Record`] whose operations follow
 //! the state machine of DESIGN.md section 2. Each operation must be atomic
@@ -6,6 +6,10 @@
 //! completion must be durable before the store answers: the HTTP layer sends
 //! the response right after, and a record lost in a crash means a duplicate
 //! execution on retry.
+//!
+//! Besides the map by id, every store keeps an index by (scope, key), so
+//! that [`Store::find_by_key`] finds a client's records by the key alone,
+//! whatever their operation (the reconciliation read path), without a scan.
 //!
 //! The decisions themselves (what a claim on a given record answers, whether
 //! a fence may complete) live in [`transition`](crate::transition), so that a
@@ -21,8 +25,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::fingerprint::Fingerprint;
+use crate::key::Key;
 use crate::record::{Fence, Record, Status, StoredResponse};
-use crate::scope::RecordId;
+use crate::scope::{RecordId, Scope};
 use crate::time::Timestamp;
 
 /// A boxed future, so that `Store` can be used as `dyn Store`.
@@ -265,6 +270,26 @@ pub trait Store: Send + Sync + 'static {
         after: Option<&'a StaleCursor>,
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>>;
+
+    /// Up to `limit` live records (not expired at `now`) of `scope` with
+    /// `key`, whatever their operation, newest first: ordered by
+    /// (`created_at`, operation) descending, operations compared as bytes.
+    ///
+    /// This is the reconciliation read path: a client that timed out knows
+    /// its key and its credential (hence its scope), not the operation the
+    /// server derived. Records of other scopes are never returned. Stores
+    /// answer from an index on (scope, key), never from a scan of every
+    /// record.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the backend cannot answer.
+    fn find_by_key<'a>(
+        &'a self,
+        scope: &'a Scope,
+        key: &'a Key,
+        now: Timestamp,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>>;
 }
 
 impl<S: Store + ?Sized> Store for Arc<S> {
@@ -309,6 +334,15 @@ impl<S: Store + ?Sized> Store for Arc<S> {
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>> {
         (**self).list_stale(now, after, limit)
+    }
+    fn find_by_key<'a>(
+        &'a self,
+        scope: &'a Scope,
+        key: &'a Key,
+        now: Timestamp,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>> {
+        (**self).find_by_key(scope, key, now, limit)
     }
 }
 

@@ -1,5 +1,13 @@
 //! Atomic mode: the business mutation and the record's completion in one
 //! PostgreSQL transaction.
+//!
+//! Only the path where the mutation succeeded and the completion was
+//! applied commits. Every error after the transaction began (the record
+//! lock, the completion's UPDATE failing after the mutation ran, a
+//! statement timeout) returns before the commit; the dropped transaction
+//! is rolled back (tokio-postgres sends the ROLLBACK before the connection
+//! serves anything else), so a caller that gets an error never has its
+//! mutation committed.
 
 use idem_core::{Atomic, BoxFuture, Completion, Fence, RecordId, Settled, StoreError};
 

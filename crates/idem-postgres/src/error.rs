@@ -9,8 +9,14 @@ pub(crate) fn pg_error(context: &str, e: tokio_postgres::Error) -> StoreError {
         || e.code().is_none_or(|code| {
             let c = code.code();
             // 08: connection exception; 53: insufficient resources;
-            // 57P0x: admin or crash shutdown, cannot connect now.
-            c.starts_with("08") || c.starts_with("53") || c.starts_with("57P")
+            // 57P0x: admin or crash shutdown, cannot connect now;
+            // 57014: cancelled (the statement timeout); 55P03: lock not
+            // available (a lock timeout).
+            c.starts_with("08")
+                || c.starts_with("53")
+                || c.starts_with("57P")
+                || c == "57014"
+                || c == "55P03"
         });
     let kind = if unavailable {
         StoreErrorKind::Unavailable

@@ -25,12 +25,30 @@
 //!   an advisory lock, so instances that start together are safe. A schema
 //!   newer than this code is refused.
 //! - Fences come from one sequence, so they grow across every claim.
+//! - Layout: one table, `idem_records`, keyed by (scope, operation, key),
+//!   with indexes on `expires_at` (purge), on the lease end of in-progress
+//!   records (the stale listing, migration 2) and on (scope, key) (the
+//!   look-up by key whatever the operation, migration 3); the `idem_fence`
+//!   sequence; the `idem_claim` function; and `idem_migrations`, which
+//!   records the applied versions.
 //! - Purge deletes in bounded batches with `FOR UPDATE SKIP LOCKED`, so
 //!   several instances can purge at once without waiting on each other or
 //!   on traffic.
 //! - Connection loss, server shutdown and pool timeouts are
 //!   [`StoreErrorKind::Unavailable`]; the pool reconnects by itself when
 //!   the server is back.
+//! - Nothing waits without bound, and every limit fails closed with
+//!   [`StoreErrorKind::Unavailable`] (the HTTP layer answers 503 and runs
+//!   nothing): a call waits at most
+//!   [`connect_timeout`](PostgresStoreBuilder::connect_timeout) (default
+//!   5 s) for a pooled connection, and every statement runs under
+//!   PostgreSQL's `statement_timeout`
+//!   ([`statement_timeout`](PostgresStoreBuilder::statement_timeout),
+//!   default 5 s, set on each connection the pool opens), so a stalled
+//!   server or a row locked by another session does not hang callers.
+//!   The statement timeout is enforced by the server; a server that
+//!   vanishes from the network is noticed when the connection fails.
+//!   Migrations run without it, on a connection closed afterwards.
 //! - The server's clock is not used: `now` comes from the caller (see
 //!   `idem_core::Timestamp`).
 //!
@@ -74,7 +92,9 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{
+    Hook, HookError, Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime,
+};
 use idem_core::{
     BoxFuture, Claim, ClaimRequest, Completion, Fence, Fingerprint, Key, Lease, Operation, Record,
     RecordId, Scope, Settled, StaleCursor, Status, Store, StoreError, StoreErrorKind,
@@ -99,6 +119,7 @@ pub struct PostgresStoreBuilder {
     schema: String,
     pool_size: usize,
     wait: Duration,
+    statement_timeout: Duration,
 }
 
 impl PostgresStoreBuilder {
@@ -119,6 +140,17 @@ impl PostgresStoreBuilder {
     /// opened) before failing with `Unavailable`. Default 5 s.
     pub fn connect_timeout(mut self, wait: Duration) -> Self {
         self.wait = wait;
+        self
+    }
+
+    /// PostgreSQL's `statement_timeout` on the store's connections: a
+    /// statement that runs longer (a stalled server, a row locked by
+    /// another session) is cancelled by the server and the call fails with
+    /// `Unavailable`. It applies to the statements of atomic-mode
+    /// mutations too (a mutation may `SET LOCAL statement_timeout` for
+    /// itself). Zero turns it off. Default 5 s.
+    pub fn statement_timeout(mut self, timeout: Duration) -> Self {
+        self.statement_timeout = timeout;
         self
     }
 
@@ -149,12 +181,21 @@ impl PostgresStoreBuilder {
                 recycling_method: RecyclingMethod::Fast,
             },
         );
+        let statement_ms = ms(self.statement_timeout);
         let pool = Pool::builder(manager)
             .max_size(self.pool_size)
             .runtime(Runtime::Tokio1)
             .wait_timeout(Some(self.wait))
             .create_timeout(Some(self.wait))
             .recycle_timeout(Some(self.wait))
+            .post_create(Hook::async_fn(move |client, _| {
+                Box::pin(async move {
+                    client
+                        .batch_execute(&format!("SET statement_timeout = {statement_ms}"))
+                        .await
+                        .map_err(HookError::Backend)
+                })
+            }))
             .build()
             .map_err(|e| {
                 StoreError::new(
@@ -164,8 +205,16 @@ impl PostgresStoreBuilder {
                 .with_source(e)
             })?;
         let mut client = pool.get().await.map_err(pool_error)?;
-        schema::migrate(&mut client, &self.schema).await?;
-        drop(client);
+        // Migrations may wait for another instance's migration lock and
+        // build indexes: no statement timeout for them, on a connection
+        // that is then closed rather than returned to the pool.
+        client
+            .batch_execute("SET statement_timeout = 0")
+            .await
+            .map_err(|e| pg_error("preparing the migration", e))?;
+        let migrated = schema::migrate(&mut client, &self.schema).await;
+        drop(Object::take(client));
+        migrated?;
         let s = &self.schema;
         Ok(PostgresStore {
             inner: Arc::new(Inner {
@@ -201,6 +250,14 @@ impl PostgresStoreBuilder {
                          AND (lease_until, scope, operation, key) > ($2, $3, $4, $5) \
                          ORDER BY lease_until, scope, operation, key LIMIT $6"
                     ),
+                    // Operations compare as bytes (`COLLATE "C"`), as in
+                    // every other store, whatever the database's collation.
+                    by_key: format!(
+                        "SELECT fingerprint, status, fence, created_at, lease_until, expires_at, resource_id, \
+                         response_status, response_headers, response_body, operation \
+                         FROM {s}.idem_records WHERE scope = $1 AND key = $2 AND expires_at > $3 \
+                         ORDER BY created_at DESC, operation COLLATE \"C\" DESC LIMIT $4"
+                    ),
                 },
                 pool,
                 schema: self.schema,
@@ -217,6 +274,7 @@ struct Sql {
     lock: String,
     purge: String,
     stale: String,
+    by_key: String,
 }
 
 struct Inner {
@@ -286,6 +344,7 @@ impl PostgresStore {
             schema: "idem".into(),
             pool_size: 16,
             wait: Duration::from_secs(5),
+            statement_timeout: Duration::from_secs(5),
         }
     }
 
@@ -347,7 +406,7 @@ impl PostgresStore {
                     &req.id.scope.as_str(),
                     &req.id.operation.as_str(),
                     &req.id.key.as_str(),
-                    &&req.fingerprint.as_bytes()[..],
+                    &req.fingerprint.as_bytes(),
                     &req.now.as_millis(),
                     &ms(req.lease),
                     &ms(req.ttl),
@@ -529,9 +588,41 @@ impl Store for PostgresStore {
                 .collect()
         })
     }
+
+    fn find_by_key<'a>(
+        &'a self,
+        scope: &'a Scope,
+        key: &'a Key,
+        now: Timestamp,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>> {
+        Box::pin(async move {
+            let (client, stmt) = self
+                .prepared(&self.inner.sql.by_key, "the look-up by key")
+                .await?;
+            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            let rows = client
+                .query(
+                    &stmt,
+                    &[&scope.as_str(), &key.as_str(), &now.as_millis(), &limit],
+                )
+                .await
+                .map_err(|e| pg_error("finding records by key", e))?;
+            rows.iter()
+                .map(|row| {
+                    let operation: String = row
+                        .try_get(10)
+                        .map_err(|e| pg_error("finding records by key", e))?;
+                    let id =
+                        RecordId::new(scope.clone(), Operation::from_raw(operation), key.clone());
+                    record_from_row(id, row)
+                })
+                .collect()
+        })
+    }
 }
 
-/// A record from the first ten columns of `get` and `stale`.
+/// A record from the first ten columns of `get`, `stale` and `by_key`.
 fn record_from_row(id: RecordId, row: &Row) -> Result<Record, StoreError> {
     let get_err = |e| pg_error("reading a record", e);
     let fp: Vec<u8> = row.try_get(0).map_err(get_err)?;

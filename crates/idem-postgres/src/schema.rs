@@ -104,6 +104,11 @@ $fn$;
     r#"
 CREATE INDEX idem_records_stale ON {s}.idem_records (lease_until, scope, operation, key) WHERE status = 0;
 "#,
+    // 3: the look-up by (scope, key) whatever the operation (the
+    // reconciliation read path, `Store::find_by_key`).
+    r#"
+CREATE INDEX idem_records_scope_key ON {s}.idem_records (scope, key);
+"#,
 ];
 
 /// The newest schema version this code knows.

@@ -109,6 +109,57 @@ fn concurrent_first_connects_migrate_once() {
     });
 }
 
+/// A schema at version 2 (before the (scope, key) index) is migrated on
+/// connect; its records are kept and found by key afterwards.
+#[test]
+fn a_version_2_schema_is_migrated_on_connect() {
+    let Some(url) = url() else { return };
+    rt().block_on(async {
+        let old = fresh(&url).await;
+        let schema = old.store().schema().to_owned();
+        let id = unique_id("pg-migrate-v2-01");
+        assert!(matches!(
+            old.store().claim(&request(&id, "{}", t0())).await.unwrap(),
+            Claim::Acquired(_)
+        ));
+        let client = old.store().pool().get().await.unwrap();
+        client
+            .batch_execute(&format!(
+                "DROP INDEX {schema}.idem_records_scope_key;
+                 DELETE FROM {schema}.idem_migrations WHERE version = 3;"
+            ))
+            .await
+            .unwrap();
+        drop(client);
+        let store = PostgresStore::builder(&url)
+            .schema(&schema)
+            .pool_size(2)
+            .connect()
+            .await
+            .unwrap();
+        let found = store
+            .find_by_key(&id.scope, &id.key, t0(), 10)
+            .await
+            .unwrap();
+        assert_eq!(found.iter().map(|r| &r.id).collect::<Vec<_>>(), [&id]);
+        let client = store.pool().get().await.unwrap();
+        let row = client
+            .query_one(
+                &format!(
+                    "SELECT (SELECT max(version) FROM {schema}.idem_migrations), \
+                     (SELECT count(*) FROM pg_indexes \
+                      WHERE schemaname = $1 AND indexname = 'idem_records_scope_key')"
+                ),
+                &[&schema],
+            )
+            .await
+            .unwrap();
+        assert_eq!(row.get::<_, i32>(0), 3);
+        assert_eq!(row.get::<_, i32>(0), schema::VERSION);
+        assert_eq!(row.get::<_, i64>(1), 1);
+    });
+}
+
 #[test]
 fn bad_urls_and_schema_names_are_setup_errors() {
     rt().block_on(async {
@@ -393,4 +444,180 @@ fn crash_before_commit_executes_once_on_retry() {
 #[test]
 fn crash_after_commit_replays_on_retry() {
     crash_test("after-commit");
+}
+
+/// Atomic mode: the completion fails after the mutation ran (a trigger
+/// refuses the completion's UPDATE). The caller gets the error and the
+/// transaction does not commit: no transfer row, the record is still ours,
+/// and the same connection then serves the next call cleanly.
+#[test]
+fn atomic_mode_a_failing_completion_commits_nothing() {
+    let Some(url) = url() else { return };
+    rt().block_on(async {
+        let g = fresh(&url).await;
+        business_table(g.store()).await;
+        let s = g.store().schema().to_owned();
+        g.store()
+            .pool()
+            .get()
+            .await
+            .unwrap()
+            .batch_execute(&format!(
+                "CREATE FUNCTION {s}.refuse_boom() RETURNS trigger LANGUAGE plpgsql AS \
+                 $$ BEGIN RAISE EXCEPTION 'completion refused'; END $$; \
+                 CREATE TRIGGER refuse_boom BEFORE UPDATE ON {s}.idem_records FOR EACH ROW \
+                 WHEN (NEW.resource_id = 'boom') EXECUTE FUNCTION {s}.refuse_boom();"
+            ))
+            .await
+            .unwrap();
+        // One connection: the calls after the failure reuse it.
+        let store = PostgresStore::builder(&url)
+            .schema(&s)
+            .pool_size(1)
+            .connect()
+            .await
+            .unwrap();
+        let id = unique_id("pg-atomic-refused");
+        let Claim::Acquired(lease) = store.claim_now(&request(&id, "{}", t0())).await.unwrap()
+        else {
+            panic!()
+        };
+        let key = id.key.as_str().to_owned();
+        let schema = s.clone();
+        let err = store
+            .complete_atomically(&id, lease.fence, move |tx| {
+                Box::pin(async move {
+                    tx.execute(
+                        &format!(
+                            "INSERT INTO {schema}.transfers (idem_key, amount) VALUES ($1, 1)"
+                        ),
+                        &[&key],
+                    )
+                    .await?;
+                    let c =
+                        Completion::completed(response(201, "refused")).with_resource_id("boom");
+                    Ok::<_, tokio_postgres::Error>(((), c))
+                })
+            })
+            .await
+            .unwrap_err();
+        assert!(format!("{err:?}").contains("completion refused"), "{err:?}");
+        assert_eq!(transfer_rows(&store, id.key.as_str()).await, 0);
+        let rec = store.get(&id, t0()).await.unwrap().unwrap();
+        assert_eq!((rec.status, rec.fence), (Status::InProgress, lease.fence));
+
+        let other = unique_id("pg-atomic-after-1");
+        let Claim::Acquired(l2) = store.claim_now(&request(&other, "{}", t0())).await.unwrap()
+        else {
+            panic!()
+        };
+        assert!(matches!(
+            atomic_transfer(&store, &other, l2.fence, async {}).await,
+            Atomic::Committed(_)
+        ));
+        assert_eq!(transfer_rows(&store, other.key.as_str()).await, 1);
+        assert_eq!(transfer_rows(&store, id.key.as_str()).await, 0);
+    });
+}
+
+/// An upper bound for assertions, far beyond any expected wait.
+const BOUND: Duration = Duration::from_secs(20);
+
+/// With a statement timeout, calls blocked on another session's row lock
+/// fail with `Unavailable` instead of hanging, and the store works once the
+/// lock is released.
+#[test]
+fn a_call_blocked_past_the_statement_timeout_is_unavailable() {
+    let Some(url) = url() else { return };
+    rt().block_on(async {
+        let g = fresh(&url).await;
+        let s = g.store().schema().to_owned();
+        let store = PostgresStore::builder(&url)
+            .schema(&s)
+            .pool_size(2)
+            .statement_timeout(Duration::from_millis(200))
+            .connect()
+            .await
+            .unwrap();
+        let id = unique_id("pg-row-locked-01");
+        let Claim::Acquired(lease) = store.claim_now(&request(&id, "{}", t0())).await.unwrap()
+        else {
+            panic!()
+        };
+
+        // Another session locks the record's row and keeps it locked.
+        let mut locker = g.store().pool().get().await.unwrap();
+        let tx = locker.transaction().await.unwrap();
+        tx.query_one(
+            &format!("SELECT 1 FROM {s}.idem_records WHERE scope = $1 AND key = $2 FOR UPDATE"),
+            &[&id.scope.as_str(), &id.key.as_str()],
+        )
+        .await
+        .unwrap();
+
+        let e = tokio::time::timeout(BOUND, store.claim_now(&request(&id, "{}", t0())))
+            .await
+            .expect("the claim answers in bounded time")
+            .unwrap_err();
+        assert!(e.is_unavailable(), "{e:?}");
+        let done = Completion::completed(response(200, "done"));
+        let e = tokio::time::timeout(BOUND, store.complete(&id, lease.fence, done.clone(), t0()))
+            .await
+            .expect("the completion answers in bounded time")
+            .unwrap_err();
+        assert!(e.is_unavailable(), "{e:?}");
+        let e = tokio::time::timeout(
+            BOUND,
+            store.complete_atomically(&id, lease.fence, |_tx| {
+                Box::pin(async {
+                    Ok::<_, tokio_postgres::Error>(((), Completion::completed(response(200, "x"))))
+                })
+            }),
+        )
+        .await
+        .expect("atomic mode answers in bounded time")
+        .unwrap_err();
+        assert!(e.is_unavailable(), "{e:?}");
+
+        tx.rollback().await.unwrap();
+        assert!(matches!(
+            store.claim_now(&request(&id, "{}", t0())).await.unwrap(),
+            Claim::InFlight { .. }
+        ));
+        assert_eq!(
+            store.complete(&id, lease.fence, done, t0()).await.unwrap(),
+            Settled::Applied
+        );
+        let rec = store.get(&id, t0()).await.unwrap().unwrap();
+        assert_eq!(rec.status, Status::Completed);
+    });
+}
+
+/// Every connection of the pool is taken: a call fails with `Unavailable`
+/// after the pool's wait instead of hanging, and works once one is back.
+#[test]
+fn an_exhausted_pool_is_unavailable_after_the_wait() {
+    let Some(url) = url() else { return };
+    rt().block_on(async {
+        let g = fresh(&url).await;
+        let store = PostgresStore::builder(&url)
+            .schema(g.store().schema())
+            .pool_size(1)
+            .connect_timeout(Duration::from_millis(200))
+            .connect()
+            .await
+            .unwrap();
+        let taken = store.pool().get().await.unwrap();
+        let id = unique_id("pg-pool-exhausted");
+        let e = tokio::time::timeout(BOUND, store.claim_now(&request(&id, "{}", t0())))
+            .await
+            .expect("the claim answers in bounded time")
+            .unwrap_err();
+        assert!(e.is_unavailable(), "{e:?}");
+        drop(taken);
+        assert!(matches!(
+            store.claim_now(&request(&id, "{}", t0())).await.unwrap(),
+            Claim::Acquired(_)
+        ));
+    });
 }

@@ -11,7 +11,8 @@
 //!
 //! # Behavior
 //!
-//! - Each operation (claim, complete, release, get) is one Lua script, run
+//! - Each operation (claim, complete, release, get, the stale listing, the
+//!   look-up by key) is one Lua script, run
 //!   atomically by the server in one round trip. Scripts are sent by SHA
 //!   (`EVALSHA`); after a `SCRIPT FLUSH` or a server restart the first call
 //!   gets `NOSCRIPT` and the script is loaded again, transparently.
@@ -21,6 +22,20 @@
 //!   the caller's `now`, so logical expiry is exact whatever Redis's clock
 //!   says. [`Store::purge_expired`] removes records that are logically
 //!   expired but not yet dropped by Redis, in bounded `SCAN` batches.
+//! - In-progress records are indexed in a sorted set by lease end
+//!   (`PREFIX:in-progress`), for [`Store::list_stale`].
+//! - The records of one scope and key, whatever their operation, are
+//!   indexed in a sorted set at `PREFIX:k:LEN:SCOPE:KEY` whose members are
+//!   the operations (the record key is derived from them) scored by
+//!   `created_at`, for [`Store::find_by_key`]: newest first is the set's own
+//!   reverse order, ties included, so a look-up reads only the records it
+//!   answers with. The claim script writes it when it creates or takes over
+//!   a record, in the same round trip, and extends its Redis TTL to at least
+//!   the record's `expires_at`, so the index outlives every record it
+//!   points at. Release and purge leave members behind; the look-up script
+//!   skips members whose record is gone or expired and removes them. Records
+//!   written by a version of idem without this index are not found by key
+//!   (they are still found by id) until they expire.
 //! - Fences come from one counter per prefix (`PREFIX:fence`), so they grow
 //!   across every claim.
 //! - One multiplexed connection (`ConnectionManager`) serves every task; it
@@ -109,6 +124,7 @@ struct Scripts {
     get: Script,
     purge: Script,
     stale: Script,
+    find: Script,
 }
 
 impl Scripts {
@@ -120,6 +136,7 @@ impl Scripts {
             get: Script::new(include_str!("lua/get.lua")),
             purge: Script::new(include_str!("lua/purge.lua")),
             stale: Script::new(include_str!("lua/stale.lua")),
+            find: Script::new(include_str!("lua/find.lua")),
         }
     }
 }
@@ -244,6 +261,25 @@ fn finished_parts(items: &[Value]) -> Result<(Option<String>, Option<StoredRespo
     Ok((resource_id, response))
 }
 
+/// A record from the reply of `get.lua` (and each entry of `find.lua` after
+/// its operation): fingerprint, status, fence, created_at, lease_until,
+/// expires_at, then the finished parts at 6..=9.
+fn record_from(id: RecordId, items: &[Value]) -> Result<Record, StoreError> {
+    let (resource_id, response) = finished_parts(items)?;
+    Ok(Record {
+        id,
+        fingerprint: Fingerprint::from_slice(&bytes(items, 0)?)
+            .ok_or_else(|| corrupt("fingerprint"))?,
+        status: status_of(int(items, 1)?)?,
+        fence: fence_of(int(items, 2)?)?,
+        created_at: Timestamp::from_millis(need(int(items, 3)?, "created_at")?),
+        lease_until: int(items, 4)?.map(Timestamp::from_millis),
+        expires_at: Timestamp::from_millis(need(int(items, 5)?, "expires_at")?),
+        resource_id,
+        response,
+    })
+}
+
 impl RedisStore {
     /// Options for connecting to `url` (`redis://host:port/db`).
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
@@ -278,6 +314,13 @@ impl RedisStore {
             o.len(),
             id.key.as_str()
         )
+    }
+
+    /// The Redis key of the index of `scope`'s records with `key`, whatever
+    /// their operation (a sorted set: operation by `created_at`).
+    pub fn key_index_key(&self, scope: &Scope, key: &Key) -> String {
+        let s = scope.as_str();
+        format!("{}:k:{}:{s}:{}", self.prefix, s.len(), key.as_str())
     }
 
     /// The record id a record key names; `None` if it is not one of ours.
@@ -381,10 +424,12 @@ impl RedisStore {
             .key(self.record_key(&req.id))
             .key(&self.fence_key)
             .key(&self.index_key)
-            .arg(&req.fingerprint.as_bytes()[..])
+            .key(self.key_index_key(&req.id.scope, &req.id.key))
+            .arg(req.fingerprint.as_bytes())
             .arg(req.now.as_millis())
             .arg(lease_until.as_millis())
             .arg(expires_at.as_millis())
+            .arg(req.id.operation.as_str())
             .invoke_async(&mut conn)
             .await
             .map_err(|e| redis_error("claiming", e))?;
@@ -481,19 +526,40 @@ impl RedisStore {
         if items.is_empty() {
             return Ok(None);
         }
-        let (resource_id, response) = finished_parts(&items)?;
-        Ok(Some(Record {
-            id: id.clone(),
-            fingerprint: Fingerprint::from_slice(&bytes(&items, 0)?)
-                .ok_or_else(|| corrupt("fingerprint"))?,
-            status: status_of(int(&items, 1)?)?,
-            fence: fence_of(int(&items, 2)?)?,
-            created_at: Timestamp::from_millis(need(int(&items, 3)?, "created_at")?),
-            lease_until: int(&items, 4)?.map(Timestamp::from_millis),
-            expires_at: Timestamp::from_millis(need(int(&items, 5)?, "expires_at")?),
-            resource_id,
-            response,
-        }))
+        record_from(id.clone(), &items).map(Some)
+    }
+
+    async fn find_by_key_now(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let mut conn = self.conn.clone();
+        let s = scope.as_str();
+        let items: Vec<Value> = self
+            .scripts
+            .find
+            .key(self.key_index_key(scope, key))
+            .arg(now.as_millis())
+            .arg(limit)
+            .arg(format!("{}:r:{}:{s}:", self.prefix, s.len()))
+            .arg(format!(":{}", key.as_str()))
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| redis_error("finding records by key", e))?;
+        items
+            .chunks(11)
+            .map(|c| {
+                let op = String::from_utf8(bytes(c, 0)?).map_err(|_| corrupt("operation"))?;
+                let id = RecordId::new(scope.clone(), Operation::from_raw(op), key.clone());
+                record_from(id, c.get(1..).unwrap_or_default())
+            })
+            .collect()
     }
 
     async fn purge_now(&self, now: Timestamp, limit: usize) -> Result<usize, StoreError> {
@@ -572,6 +638,16 @@ impl Store for RedisStore {
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>> {
         Box::pin(self.list_stale_now(now, after, limit))
+    }
+
+    fn find_by_key<'a>(
+        &'a self,
+        scope: &'a Scope,
+        key: &'a Key,
+        now: Timestamp,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>> {
+        Box::pin(self.find_by_key_now(scope, key, now, limit))
     }
 }
 

@@ -155,3 +155,92 @@ fn store_recovers_after_redis_restarts() {
         drop(server);
     });
 }
+
+/// The (scope, key) index: written by the claim with a TTL at least the
+/// record's expiry, left behind by release, cleaned by the look-up.
+#[test]
+fn the_key_index_is_cleaned_by_look_ups() {
+    let Some(url) = url() else { return };
+    rt().block_on(async {
+        let g = fresh(&url).await;
+        let store = g.store();
+        let id = unique_id("redis-key-index1");
+        let index = store.key_index_key(&id.scope, &id.key);
+        let mut conn = store.conn.clone();
+        let members = |mut conn: ConnectionManager, index: String| async move {
+            let n: i64 = redis::cmd("ZCARD")
+                .arg(&index)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            n
+        };
+
+        let Claim::Acquired(lease) = store.claim(&request(&id, "{}", t0())).await.unwrap() else {
+            panic!("claim");
+        };
+        assert_eq!(members(conn.clone(), index.clone()).await, 1);
+        let expiry: i64 = redis::cmd("PEXPIRETIME")
+            .arg(&index)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(expiry, lease.expires_at.as_millis());
+        // A record that expires later pushes the index's TTL out; one that
+        // expires sooner does not pull it in.
+        let later = RecordId::new(
+            id.scope.clone(),
+            Operation::new("PUT", "/x"),
+            id.key.clone(),
+        );
+        let mut req = request(&later, "{}", t0());
+        req.ttl *= 2;
+        assert!(matches!(
+            store.claim(&req).await.unwrap(),
+            Claim::Acquired(_)
+        ));
+        let sooner = RecordId::new(
+            id.scope.clone(),
+            Operation::new("PATCH", "/y"),
+            id.key.clone(),
+        );
+        let mut req = request(&sooner, "{}", t0());
+        req.ttl /= 2;
+        assert!(matches!(
+            store.claim(&req).await.unwrap(),
+            Claim::Acquired(_)
+        ));
+        let expiry: i64 = redis::cmd("PEXPIRETIME")
+            .arg(&index)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(expiry, (t0() + idem_core::testkit::TTL * 2).as_millis());
+        assert_eq!(members(conn.clone(), index.clone()).await, 3);
+
+        assert_eq!(
+            store.release(&id, lease.fence, t0()).await.unwrap(),
+            Settled::Applied
+        );
+        assert_eq!(
+            members(conn.clone(), index.clone()).await,
+            3,
+            "release leaves it"
+        );
+        let found = store
+            .find_by_key(&id.scope, &id.key, t0(), 10)
+            .await
+            .unwrap();
+        assert_eq!(found.len(), 2);
+        assert_eq!(
+            members(conn.clone(), index.clone()).await,
+            2,
+            "the look-up removes it"
+        );
+        // Past the shorter ttl, the expired record's member goes too.
+        let at = t0() + idem_core::testkit::TTL / 2;
+        let found = store.find_by_key(&id.scope, &id.key, at, 10).await.unwrap();
+        assert_eq!(found.iter().map(|r| &r.id).collect::<Vec<_>>(), [&later]);
+        assert_eq!(members(conn.clone(), index.clone()).await, 1);
+    });
+}

@@ -1,5 +1,17 @@
 //! Atomic mode for SQLite: the caller's mutation runs on the writer thread,
 //! inside the batch's transaction, under a savepoint.
+//!
+//! The savepoint is kept (released into the batch) only when the mutation
+//! succeeded and the completion was applied. Every other path after the
+//! savepoint was opened rolls back to it and releases it: a stale fence, a
+//! failed or panicking mutation, and any error on the way, including a
+//! completion that fails after the mutation ran (a constraint or trigger
+//! refusing the UPDATE, an I/O error). So a caller that gets an error or a
+//! non-committed outcome never has its mutation commit with the rest of the
+//! batch, while the batch's other jobs commit as usual. If the savepoint
+//! cannot be ended (SQLite already rolled the transaction back, or the
+//! mutation ended the savepoint itself), the whole transaction is rolled
+//! back and every job of the batch is answered with an error.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
@@ -44,6 +56,11 @@ where
     }
 }
 
+/// Runs the fence check, the mutation and the completion under a savepoint.
+/// Only a committed outcome keeps the savepoint's work: every other outcome
+/// (stale fence, failed or panicking mutation, any SQLite error on the way,
+/// including a completion that fails after the mutation ran) rolls back to
+/// the savepoint, so nothing of this call commits with the batch.
 fn run_in_savepoint<T, E>(
     conn: &Connection,
     id: &RecordId,
@@ -53,12 +70,41 @@ fn run_in_savepoint<T, E>(
     let Some(sql_fence) = fence_to_sql(fence) else {
         return Ok(Atomic::StaleFence);
     };
-    let sql = |e| store_error("atomic mode", e);
-    conn.execute_batch("SAVEPOINT idem_atomic").map_err(sql)?;
-    let undo = || {
+    conn.execute_batch("SAVEPOINT idem_atomic")
+        .map_err(|e| store_error("atomic mode", e))?;
+    let result = in_savepoint(conn, id, fence, sql_fence, mutation);
+    let end = if matches!(result, Ok(Atomic::Committed(_))) {
+        conn.execute_batch("RELEASE idem_atomic")
+    } else {
         conn.execute_batch("ROLLBACK TO idem_atomic; RELEASE idem_atomic")
-            .map_err(|e| store_error("rolling back an atomic mutation", e))
     };
+    match end {
+        Ok(()) => result,
+        Err(e) => {
+            // The savepoint could not be ended as intended (SQLite already
+            // rolled the transaction back, or the mutation ended the
+            // savepoint itself). Its work must not commit while the caller
+            // hears of an error: abandon the whole transaction. The writer
+            // sees that and answers every job of the batch with an error.
+            if !conn.is_autocommit() {
+                let _ = conn.execute_batch("ROLLBACK");
+            }
+            Err(result
+                .err()
+                .unwrap_or_else(|| store_error("ending an atomic savepoint", e)))
+        }
+    }
+}
+
+/// The body of [`run_in_savepoint`]; returns without touching the savepoint.
+fn in_savepoint<T, E>(
+    conn: &Connection,
+    id: &RecordId,
+    fence: Fence,
+    sql_fence: i64,
+    mutation: impl FnOnce(&Connection) -> Result<(T, Completion), E>,
+) -> Result<Atomic<T, E>, StoreError> {
+    let sql = |e| store_error("atomic mode", e);
     let held = conn
         .prepare_cached(
             "SELECT 1 FROM idem_records WHERE scope = ?1 AND operation = ?2 AND key = ?3 \
@@ -78,34 +124,25 @@ fn run_in_savepoint<T, E>(
         })
         .map_err(sql)?;
     if held.is_none() {
-        undo()?;
         return Ok(Atomic::StaleFence);
     }
     // A panicking mutation must not take the writer thread down with it.
     let (value, completion) = match catch_unwind(AssertUnwindSafe(|| mutation(conn))) {
         Ok(Ok(done)) => done,
-        Ok(Err(e)) => {
-            undo()?;
-            return Ok(Atomic::Failed(e));
-        }
+        Ok(Err(e)) => return Ok(Atomic::Failed(e)),
         Err(_) => {
-            undo()?;
             return Err(StoreError::new(
                 StoreErrorKind::Backend,
                 "sqlite store: the atomic mutation panicked; it was rolled back",
             ));
         }
     };
-    match complete_in(conn, id, fence, &completion).map_err(sql)? {
-        Settled::Applied => {
-            conn.execute_batch("RELEASE idem_atomic").map_err(sql)?;
-            Ok(Atomic::Committed(value))
-        }
-        Settled::StaleFence => {
-            undo()?;
-            Ok(Atomic::StaleFence)
-        }
-    }
+    Ok(
+        match complete_in(conn, id, fence, &completion).map_err(sql)? {
+            Settled::Applied => Atomic::Committed(value),
+            Settled::StaleFence => Atomic::StaleFence,
+        },
+    )
 }
 
 impl SqliteStore {
@@ -145,8 +182,13 @@ impl SqliteStore {
     /// ```
     ///
     /// # Errors
-    /// [`StoreError`] when SQLite fails, when the batch could not commit
-    /// (then nothing of it is on disk), or when the mutation panicked.
+    /// [`StoreError`] when SQLite fails (for instance the completion itself
+    /// fails after the mutation ran), when the batch could not commit, or
+    /// when the mutation panicked. In every case nothing of this call is on
+    /// disk: the mutation is rolled back. [`StoreErrorKind::Unavailable`]
+    /// also when the writer's queue is full or its answer does not come
+    /// within the write timeout; then the call may still be applied later,
+    /// mutation and completion together (see the crate docs).
     pub async fn complete_atomically<T, E, F>(
         &self,
         id: &RecordId,

@@ -22,9 +22,18 @@
 //! reported before it is durable. Speed comes from sharing the fsync, not
 //! from weakening it. See BENCHMARKS.md for the figures.
 //!
-//! Reads ([`Store::get`]) use their own connections (WAL lets readers run
-//! beside the writer) on tokio's blocking pool, so they never wait behind a
-//! batch.
+//! Reads ([`Store::get`], [`Store::list_stale`], [`Store::find_by_key`]) use
+//! their own connections (WAL lets readers run beside the writer) on tokio's
+//! blocking pool, so they never wait behind a batch.
+//!
+//! # Layout
+//!
+//! One table, `idem_records`, keyed by (scope, operation, key), with an
+//! index on `expires_at` (purge), a partial index on the lease end of
+//! in-progress records (the stale listing, schema 2) and an index on
+//! (scope, key) (the look-up by key whatever the operation, schema 3); and
+//! `idem_meta`, which holds the fence counter. Older files are migrated on
+//! open.
 //!
 //! # Behavior
 //!
@@ -41,12 +50,40 @@
 //!   mutation and the record's completion together.
 //! - Busy and I/O failures are [`StoreErrorKind::Unavailable`]: the HTTP
 //!   layer answers 503 and runs nothing.
+//! - Atomic mode never commits part of a failed call: if anything after the
+//!   mutation fails (the completion's UPDATE, the savepoint's release), the
+//!   mutation is rolled back to its savepoint and the caller gets the error,
+//!   while the other jobs of the batch commit.
+//!
+//! # Backpressure: a bounded queue and a write timeout
+//!
+//! A stalled disk stalls the writer, and must not let callers pile up
+//! without bound. Two limits fail closed, with
+//! [`StoreErrorKind::Unavailable`] (so the HTTP layer answers 503 and runs
+//! nothing):
+//!
+//! - **Queue capacity** ([`SqliteStoreBuilder::max_queue`], default 10,000):
+//!   write operations waiting for the writer (not yet in a batch). A call
+//!   that finds the queue full fails at once and never reaches the writer.
+//! - **Write timeout** ([`SqliteStoreBuilder::write_timeout`], default 5 s):
+//!   how long a write call waits for the writer's answer. On expiry the
+//!   caller gets `Unavailable`, but the job stays queued and **may still be
+//!   applied later**. That is safe: a claim the caller never saw acquired
+//!   stays in progress until its lease ends (retries get `InFlight`, then a
+//!   takeover executes once); a late completion or release is what the
+//!   caller asked for; a late atomic-mode call commits its mutation and its
+//!   completion together, so a retry replays it.
+//!
+//! Write calls need a tokio runtime with its timer enabled. Reads are not
+//! queued behind the writer and have no such limit.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use idem_core::{
     BoxFuture, Claim, ClaimRequest, Completion, Fence, Key, Operation, Record, RecordId, Scope,
@@ -92,6 +129,8 @@ pub struct SqliteStoreBuilder {
     synchronous: Synchronous,
     max_batch: usize,
     readers: usize,
+    max_queue: usize,
+    write_timeout: Duration,
 }
 
 impl SqliteStoreBuilder {
@@ -113,6 +152,24 @@ impl SqliteStoreBuilder {
         self
     }
 
+    /// The most write operations waiting for the writer thread (not yet in
+    /// a batch). A call that finds the queue full fails at once with
+    /// [`StoreErrorKind::Unavailable`] (the HTTP layer answers 503). Default
+    /// 10,000.
+    pub fn max_queue(mut self, n: usize) -> Self {
+        self.max_queue = n.max(1);
+        self
+    }
+
+    /// How long a write call waits for the writer's answer (time in the
+    /// queue plus the batch's transaction and fsync) before failing with
+    /// [`StoreErrorKind::Unavailable`]. The operation may still be applied
+    /// afterwards: see the crate docs. Default 5 s.
+    pub fn write_timeout(mut self, timeout: Duration) -> Self {
+        self.write_timeout = timeout;
+        self
+    }
+
     /// Opens (or creates) the store and starts its writer thread.
     ///
     /// # Errors
@@ -124,9 +181,11 @@ impl SqliteStoreBuilder {
         // One reader up front proves the file can be read by others.
         let first_reader = schema::open_reader(&self.path)?;
         let (tx, rx) = mpsc::channel();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let writer_queued = queued.clone();
         let thread = std::thread::Builder::new()
             .name("idem-sqlite-writer".into())
-            .spawn(move || writer.run(rx))
+            .spawn(move || writer.run(rx, &writer_queued))
             .map_err(|e| {
                 StoreError::new(
                     StoreErrorKind::Setup,
@@ -137,6 +196,9 @@ impl SqliteStoreBuilder {
         Ok(SqliteStore {
             inner: Arc::new(Inner {
                 jobs: Some(tx),
+                queued,
+                max_queue: self.max_queue,
+                write_timeout: self.write_timeout,
                 thread: Some(thread),
                 readers: Mutex::new(vec![first_reader]),
                 max_readers: self.readers,
@@ -154,6 +216,10 @@ pub struct SqliteStore {
 
 struct Inner {
     jobs: Option<Sender<Job>>,
+    /// Jobs sent and not yet taken by the writer.
+    queued: Arc<AtomicUsize>,
+    max_queue: usize,
+    write_timeout: Duration,
     thread: Option<JoinHandle<()>>,
     readers: Mutex<Vec<Connection>>,
     max_readers: usize,
@@ -201,6 +267,8 @@ impl SqliteStore {
             synchronous: Synchronous::Full,
             max_batch: 1024,
             readers: 4,
+            max_queue: 10_000,
+            write_timeout: Duration::from_secs(5),
         }
     }
 
@@ -213,10 +281,38 @@ impl SqliteStore {
         &self,
         make: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> Job,
     ) -> Result<T, StoreError> {
+        let inner = &*self.inner;
         let (tx, rx) = oneshot::channel();
-        let jobs = self.inner.jobs.as_ref().ok_or_else(writer_gone)?;
-        jobs.send(make(tx)).map_err(|_| writer_gone())?;
-        rx.await.map_err(|_| writer_gone())?
+        let jobs = inner.jobs.as_ref().ok_or_else(writer_gone)?;
+        // Fail closed when the writer falls behind (a stalled disk): refuse
+        // at once rather than let callers pile up without bound.
+        if inner.queued.fetch_add(1, Ordering::AcqRel) >= inner.max_queue {
+            inner.queued.fetch_sub(1, Ordering::AcqRel);
+            return Err(StoreError::new(
+                StoreErrorKind::Unavailable,
+                format!(
+                    "sqlite store: the writer queue is full ({} operations waiting)",
+                    inner.max_queue
+                ),
+            ));
+        }
+        if jobs.send(make(tx)).is_err() {
+            inner.queued.fetch_sub(1, Ordering::AcqRel);
+            return Err(writer_gone());
+        }
+        match tokio::time::timeout(inner.write_timeout, rx).await {
+            Ok(answer) => answer.map_err(|_| writer_gone())?,
+            // The job stays queued and may still be applied: see the crate
+            // docs for why that is safe.
+            Err(_) => Err(StoreError::new(
+                StoreErrorKind::Unavailable,
+                format!(
+                    "sqlite store: no answer from the writer within {:?}; \
+                     the operation may still be applied",
+                    inner.write_timeout
+                ),
+            )),
+        }
     }
 
     /// Runs `f` on a read connection from the pool, off the async threads.
@@ -359,6 +455,43 @@ impl Store for SqliteStore {
                 )
                 .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
                 .map_err(|e| row::store_error("listing stale records", e))?;
+            Ok(rows)
+        }))
+    }
+
+    fn find_by_key<'a>(
+        &'a self,
+        scope: &'a Scope,
+        key: &'a Key,
+        now: Timestamp,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>> {
+        let (scope, key) = (scope.clone(), key.clone());
+        Box::pin(self.read(move |conn| {
+            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            let sql = format!(
+                "SELECT {}, operation FROM idem_records INDEXED BY idem_records_scope_key \
+                 WHERE scope = ?1 AND key = ?2 AND expires_at > ?3 \
+                 ORDER BY created_at DESC, operation DESC LIMIT ?4",
+                row::COLUMNS
+            );
+            let mut stmt = conn
+                .prepare_cached(&sql)
+                .map_err(|e| row::store_error("finding records by key", e))?;
+            let rows = stmt
+                .query_map(
+                    params![scope.as_str(), key.as_str(), now.as_millis(), limit],
+                    |r| {
+                        let id = RecordId::new(
+                            scope.clone(),
+                            Operation::from_raw(r.get::<_, String>(10)?),
+                            key.clone(),
+                        );
+                        row::record_from_row(&id, r)
+                    },
+                )
+                .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+                .map_err(|e| row::store_error("finding records by key", e))?;
             Ok(rows)
         }))
     }

@@ -18,7 +18,7 @@ const APPLICATION_ID: i64 = 0x6964_656d;
 pub(crate) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
 /// Migration `i` takes the schema from version `i` to `i + 1`.
-const MIGRATIONS: [&str; 2] = [SCHEMA_V1, SCHEMA_V2];
+const MIGRATIONS: [&str; 3] = [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3];
 
 const SCHEMA_V1: &str = "
 CREATE TABLE idem_records (
@@ -45,6 +45,12 @@ INSERT INTO idem_meta (name, value) VALUES ('fence', 0);
 /// Stale-record listing: only in-progress records, in lease order.
 const SCHEMA_V2: &str = "
 CREATE INDEX idem_records_stale ON idem_records (lease_until, scope, operation, key) WHERE status = 0;
+";
+
+/// Look-up by (scope, key) whatever the operation (the reconciliation read
+/// path, `Store::find_by_key`).
+const SCHEMA_V3: &str = "
+CREATE INDEX idem_records_scope_key ON idem_records (scope, key);
 ";
 
 fn setup(message: String) -> StoreError {

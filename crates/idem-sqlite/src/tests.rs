@@ -12,6 +12,47 @@ fn fresh() -> Guarded<SqliteStore> {
 
 idem_core::conformance_tests!(async { fresh() });
 
+/// Keeps the writer thread busy: an atomic-mode mutation that waits until
+/// the returned sender fires (or is dropped). Returns once the writer is
+/// inside it, with the queue empty behind it.
+async fn hold_writer(
+    store: &SqliteStore,
+) -> (
+    std::sync::mpsc::Sender<()>,
+    tokio::task::JoinHandle<Result<idem_core::Atomic<(), rusqlite::Error>, StoreError>>,
+) {
+    use idem_core::testkit::{request, response, t0, unique_id};
+    let id = unique_id("hold-the-writer");
+    let Claim::Acquired(lease) = store.claim(&request(&id, "{}", t0())).await.unwrap() else {
+        panic!("expected Acquired")
+    };
+    let (go, wait) = std::sync::mpsc::channel::<()>();
+    let (inside, started) = oneshot::channel();
+    let s = store.clone();
+    let held = tokio::spawn(async move {
+        s.complete_atomically(&id, lease.fence, move |_conn| {
+            let _ = inside.send(());
+            let _ = wait.recv();
+            Ok::<_, rusqlite::Error>(((), Completion::completed(response(200, "held"))))
+        })
+        .await
+    });
+    started.await.expect("the writer runs the holding job");
+    (go, held)
+}
+
+/// Polls `f` once: enough for a store call to hand its job to the writer.
+async fn queue<F: std::future::Future + Unpin>(f: &mut F) {
+    std::future::poll_fn(|cx| {
+        assert!(
+            std::pin::Pin::new(&mut *f).poll(cx).is_pending(),
+            "the call answered while the writer was held"
+        );
+        std::task::Poll::Ready(())
+    })
+    .await;
+}
+
 #[test]
 fn opening_a_file_that_is_not_sqlite_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
@@ -268,6 +309,92 @@ mod atomic_mode {
         });
     }
 
+    /// The completion fails after the mutation ran (a trigger refuses the
+    /// completion's UPDATE): the caller gets an error, the mutation is
+    /// rolled back with it, and the other calls of the same batch commit.
+    #[test]
+    fn a_failing_completion_rolls_back_the_mutation() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("atomic-fail.db");
+        let store = SqliteStore::open(&path).unwrap();
+        transfer_table(&path);
+        Connection::open(&path)
+            .unwrap()
+            .execute_batch(
+                "CREATE TRIGGER refuse_boom BEFORE UPDATE ON idem_records \
+                 WHEN NEW.resource_id = 'boom' BEGIN SELECT RAISE(ABORT, 'completion refused'); END;",
+            )
+            .unwrap();
+        idem_core::testkit::runtime().block_on(async {
+            let mut leases = Vec::new();
+            let ids: Vec<_> = ["fail-bad-000001", "fail-good-00001", "fail-plain-0001"]
+                .iter()
+                .map(|k| unique_id(k))
+                .collect();
+            for id in &ids {
+                let Claim::Acquired(lease) = store.claim(&request(id, "{}", t0())).await.unwrap()
+                else {
+                    panic!()
+                };
+                leases.push(lease.fence);
+            }
+            let (bad, good, plain) = (&ids[0], &ids[1], &ids[2]);
+
+            // Hold the writer so that the three calls below share a batch.
+            let (go, held) = hold_writer(&store).await;
+            let key = bad.key.as_str().to_owned();
+            let mut failing = Box::pin(store.complete_atomically(bad, leases[0], move |conn| {
+                conn.execute(
+                    "INSERT INTO transfers (idem_key, amount) VALUES (?1, 1)",
+                    [&key],
+                )?;
+                let c = Completion::completed(response(201, "refused")).with_resource_id("boom");
+                Ok::<_, rusqlite::Error>(((), c))
+            }));
+            let key = good.key.as_str().to_owned();
+            let mut committing =
+                Box::pin(store.complete_atomically(good, leases[1], move |conn| {
+                    conn.execute(
+                        "INSERT INTO transfers (idem_key, amount) VALUES (?1, 2)",
+                        [&key],
+                    )?;
+                    Ok::<_, rusqlite::Error>(((), Completion::completed(response(201, "ok"))))
+                }));
+            let mut completing = store.complete(
+                plain,
+                leases[2],
+                Completion::completed(response(200, "plain")),
+                t0(),
+            );
+            queue(&mut failing).await;
+            queue(&mut committing).await;
+            queue(&mut completing).await;
+            go.send(()).unwrap();
+            assert!(matches!(
+                held.await.unwrap().unwrap(),
+                Atomic::Committed(())
+            ));
+
+            let err = failing.await.unwrap_err();
+            assert!(format!("{err:?}").contains("completion refused"), "{err:?}");
+            assert!(matches!(committing.await.unwrap(), Atomic::Committed(())));
+            assert_eq!(completing.await.unwrap(), Settled::Applied);
+
+            assert_eq!(
+                rows(&path, bad.key.as_str()),
+                0,
+                "the mutation was rolled back"
+            );
+            let rec = store.get(bad, t0()).await.unwrap().unwrap();
+            assert_eq!((rec.status, rec.fence), (Status::InProgress, leases[0]));
+            assert_eq!(rows(&path, good.key.as_str()), 1);
+            for id in [good, plain] {
+                let rec = store.get(id, t0()).await.unwrap().unwrap();
+                assert_eq!(rec.status, Status::Completed);
+            }
+        });
+    }
+
     fn crash_id(key: &str) -> RecordId {
         RecordId::new(
             Scope::from_raw("crash-test"),
@@ -374,8 +501,10 @@ fn a_version_1_store_is_migrated_on_open() {
     let path = dir.path().join("v1.db");
     drop(SqliteStore::open(&path).unwrap());
     let c = Connection::open(&path).unwrap();
-    c.execute_batch("DROP INDEX idem_records_stale; PRAGMA user_version = 1;")
-        .unwrap();
+    c.execute_batch(
+        "DROP INDEX idem_records_stale; DROP INDEX idem_records_scope_key; PRAGMA user_version = 1;",
+    )
+    .unwrap();
     drop(c);
     drop(SqliteStore::open(&path).unwrap());
     let c = Connection::open(&path).unwrap();
@@ -385,10 +514,158 @@ fn a_version_1_store_is_migrated_on_open() {
     assert_eq!(v, schema::SCHEMA_VERSION);
     let n: i64 = c
         .query_row(
-            "SELECT count(*) FROM sqlite_schema WHERE name = 'idem_records_stale'",
+            "SELECT count(*) FROM sqlite_schema \
+             WHERE name IN ('idem_records_stale', 'idem_records_scope_key')",
             [],
             |r| r.get(0),
         )
         .unwrap();
-    assert_eq!(n, 1);
+    assert_eq!(n, 2);
+}
+
+/// A file written by the previous version (schema 2, no (scope, key)
+/// index) is migrated on open, its records are kept, and they are found by
+/// key afterwards.
+#[test]
+fn a_version_2_store_is_migrated_on_open() {
+    use idem_core::testkit::{request, t0, unique_id};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v2.db");
+    let id = unique_id("migrate-v2-key-1");
+    let rt = idem_core::testkit::runtime();
+    {
+        let store = SqliteStore::open(&path).unwrap();
+        let claim = rt.block_on(store.claim(&request(&id, "{}", t0()))).unwrap();
+        assert!(matches!(claim, Claim::Acquired(_)));
+    }
+    let c = Connection::open(&path).unwrap();
+    c.execute_batch("DROP INDEX idem_records_scope_key; PRAGMA user_version = 2;")
+        .unwrap();
+    drop(c);
+    let store = SqliteStore::open(&path).unwrap();
+    let found = rt
+        .block_on(store.find_by_key(&id.scope, &id.key, t0(), 10))
+        .unwrap();
+    assert_eq!(
+        found.iter().map(|r| &r.id).collect::<Vec<_>>(),
+        [&id],
+        "records written before the migration are found by key"
+    );
+    drop(store);
+    let c = Connection::open(&path).unwrap();
+    let v: i64 = c
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(v, 3);
+    assert_eq!(v, schema::SCHEMA_VERSION);
+    // Left to itself (no ANALYZE statistics), the planner prefers the
+    // primary key's prefix (every record of the scope); the look-up names
+    // the index, and searches it on both columns.
+    let plan: String = c
+        .query_row(
+            "EXPLAIN QUERY PLAN SELECT fence FROM idem_records INDEXED BY idem_records_scope_key \
+             WHERE scope = 's' AND key = 'k' AND expires_at > 0 \
+             ORDER BY created_at DESC, operation DESC LIMIT 10",
+            [],
+            |r| r.get(3),
+        )
+        .unwrap();
+    assert!(
+        plan.contains("USING INDEX idem_records_scope_key (scope=? AND key=?)"),
+        "{plan}"
+    );
+}
+
+/// Backpressure: a stalled writer makes calls fail with `Unavailable`
+/// (after the write timeout, or at once when the queue is full) instead of
+/// piling up, and the store works again once the writer moves on.
+mod backpressure {
+    use std::time::{Duration, Instant};
+
+    use idem_core::testkit::{request, t0, unique_id};
+
+    use super::*;
+
+    /// An upper bound for assertions, far beyond any expected wait.
+    const BOUND: Duration = Duration::from_secs(20);
+
+    fn open(dir: &tempfile::TempDir, max_queue: usize, timeout: Duration) -> SqliteStore {
+        SqliteStore::builder(dir.path().join("store.db"))
+            .max_queue(max_queue)
+            .write_timeout(timeout)
+            .open()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_call_past_the_write_timeout_is_unavailable() {
+        let dir = tempfile::tempdir().unwrap();
+        let timeout = Duration::from_millis(200);
+        let store = open(&dir, 10_000, timeout);
+        idem_core::testkit::runtime().block_on(async {
+            let (go, held) = hold_writer(&store).await;
+            let id = unique_id("past-the-deadline");
+            let started = Instant::now();
+            let e = tokio::time::timeout(BOUND, store.claim(&request(&id, "{}", t0())))
+                .await
+                .expect("answered in bounded time")
+                .unwrap_err();
+            assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e:?}");
+            assert!(started.elapsed() >= timeout);
+            // The holding call itself timed out too.
+            assert!(held.await.unwrap().unwrap_err().is_unavailable());
+
+            go.send(()).unwrap();
+            // The writer still applied the late claim: the key is in
+            // progress under a lease nobody holds, until it runs out.
+            assert!(matches!(
+                store.claim(&request(&id, "{}", t0())).await.unwrap(),
+                Claim::InFlight { .. }
+            ));
+            let other = unique_id("after-the-deadline");
+            assert!(matches!(
+                store.claim(&request(&other, "{}", t0())).await.unwrap(),
+                Claim::Acquired(_)
+            ));
+        });
+    }
+
+    #[test]
+    fn calls_beyond_the_queue_capacity_fail_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(&dir, 2, Duration::from_secs(600));
+        idem_core::testkit::runtime().block_on(async {
+            let (go, held) = hold_writer(&store).await;
+            let ids: Vec<_> = (0..3)
+                .map(|i| unique_id(&format!("queue-full-{i:04}")))
+                .collect();
+            let reqs: Vec<_> = ids.iter().map(|id| request(id, "{}", t0())).collect();
+            let mut first = store.claim(&reqs[0]);
+            let mut second = store.claim(&reqs[1]);
+            queue(&mut first).await;
+            queue(&mut second).await;
+            // The queue holds two: the third call is refused without
+            // waiting for the writer (whose timeout here is ten minutes).
+            let e = tokio::time::timeout(BOUND, store.claim(&reqs[2]))
+                .await
+                .expect("refused at once, not after the write timeout")
+                .unwrap_err();
+            assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e:?}");
+            assert!(e.to_string().contains("queue is full"), "{e}");
+
+            go.send(()).unwrap();
+            assert!(matches!(
+                held.await.unwrap().unwrap(),
+                idem_core::Atomic::Committed(())
+            ));
+            assert!(matches!(first.await.unwrap(), Claim::Acquired(_)));
+            assert!(matches!(second.await.unwrap(), Claim::Acquired(_)));
+            // The refused call never reached the writer; it can be retried.
+            assert!(store.get(&ids[2], t0()).await.unwrap().is_none());
+            assert!(matches!(
+                store.claim(&reqs[2]).await.unwrap(),
+                Claim::Acquired(_)
+            ));
+        });
+    }
 }

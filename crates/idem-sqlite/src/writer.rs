@@ -12,6 +12,7 @@
 //! One writer also makes every job atomic without locks: a claim's read and
 //! write happen with nobody else writing in between.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
 
 use idem_core::{
@@ -119,13 +120,19 @@ impl Writer {
     }
 
     /// Runs until every sender is gone, then finishes the queued work.
-    pub(crate) fn run(mut self, rx: Receiver<Job>) {
+    /// `queued` counts the jobs sent and not yet taken (the store bounds
+    /// it); each job taken into a batch is taken off it.
+    pub(crate) fn run(mut self, rx: Receiver<Job>, queued: &AtomicUsize) {
         let mut batch = Vec::with_capacity(self.max_batch);
         while let Ok(first) = rx.recv() {
+            queued.fetch_sub(1, Ordering::AcqRel);
             batch.push(first);
             while batch.len() < self.max_batch {
                 match rx.try_recv() {
-                    Ok(job) => batch.push(job),
+                    Ok(job) => {
+                        queued.fetch_sub(1, Ordering::AcqRel);
+                        batch.push(job);
+                    }
                     Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
                 }
             }
@@ -242,7 +249,7 @@ impl Writer {
                 req.id.scope.as_str(),
                 req.id.operation.as_str(),
                 req.id.key.as_str(),
-                &req.fingerprint.as_bytes()[..],
+                req.fingerprint.as_bytes(),
                 fence,
                 req.now.as_millis(),
                 lease_until.as_millis(),
@@ -285,7 +292,7 @@ impl Writer {
                     rec.id.scope.as_str(),
                     rec.id.operation.as_str(),
                     rec.id.key.as_str(),
-                    &rec.fingerprint.as_bytes()[..],
+                    rec.fingerprint.as_bytes(),
                     rec.status.code(),
                     self.fence,
                     rec.created_at.as_millis(),

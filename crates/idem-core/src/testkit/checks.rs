@@ -427,3 +427,136 @@ pub async fn stale_records_are_listed_in_pages<S: Store + ?Sized>(store: &S) {
             .is_empty()
     );
 }
+
+/// [`Store::find_by_key`] answers the live records of one scope and key,
+/// whatever their operation, newest first (ties by operation, descending),
+/// at most `limit`; never another scope's or another key's records, nor
+/// released or expired ones.
+pub async fn records_are_found_by_scope_and_key<S: Store + ?Sized>(store: &S) {
+    use crate::{Key, Operation, RecordId};
+    let base = unique_id("find-by-key-0001");
+    let (scope, key) = (base.scope.clone(), base.key.clone());
+    let on = |method: &str, route: &str| {
+        RecordId::new(scope.clone(), Operation::new(method, route), key.clone())
+    };
+    let claim_at = |id: &RecordId, at: Duration, ttl: Duration| {
+        let mut req = request(id, "{}", t0() + at);
+        req.ttl = ttl;
+        req
+    };
+
+    // Oldest: completed at t0.
+    let done = on("POST", "/testkit");
+    let lease = acquired(claim_ok(store, &claim_at(&done, Duration::ZERO, TTL)).await);
+    let c = Completion::completed(response(201, "found")).with_resource_id("r_1");
+    assert_eq!(
+        store.complete(&done, lease.fence, c, t0()).await.unwrap(),
+        Settled::Applied
+    );
+    // Two in progress, claimed in the same millisecond at t0 + 1 s.
+    let tie_low = on("POST", "/testkit/tie");
+    let tie_high = on("PUT", "/testkit/tie");
+    acquired(claim_ok(store, &claim_at(&tie_low, Duration::from_secs(1), TTL)).await);
+    acquired(claim_ok(store, &claim_at(&tie_high, Duration::from_secs(1), TTL)).await);
+    // Newest, but released.
+    let released = on("PATCH", "/testkit/released");
+    let lease = acquired(claim_ok(store, &claim_at(&released, Duration::from_secs(3), TTL)).await);
+    assert_eq!(
+        store.release(&released, lease.fence, t0()).await.unwrap(),
+        Settled::Applied
+    );
+    // Newer still, but expires at t0 + 12 s.
+    let expiring = on("DELETE", "/testkit/expiring");
+    acquired(
+        claim_ok(
+            store,
+            &claim_at(&expiring, Duration::from_secs(2), Duration::from_secs(10)),
+        )
+        .await,
+    );
+    // The same key in another scope, and another key in this scope.
+    let other_scope = unique_id(key.as_str());
+    assert_ne!(other_scope.scope, scope);
+    acquired(claim_ok(store, &claim_at(&other_scope, Duration::from_secs(4), TTL)).await);
+    let other_key = RecordId::new(
+        scope.clone(),
+        Operation::new("POST", "/testkit"),
+        Key::new("find-by-key-0002").unwrap(),
+    );
+    acquired(claim_ok(store, &claim_at(&other_key, Duration::from_secs(4), TTL)).await);
+
+    fn ids(records: &[crate::Record]) -> Vec<&RecordId> {
+        records.iter().map(|r| &r.id).collect()
+    }
+
+    // Before the expiry: the expiring record is the newest.
+    let before = t0() + Duration::from_secs(11);
+    let found = store.find_by_key(&scope, &key, before, 10).await.unwrap();
+    assert_eq!(
+        ids(&found),
+        [&expiring, &tie_high, &tie_low, &done],
+        "newest first, ties by operation descending; released records are gone"
+    );
+
+    // At the expiry it is gone too.
+    let after = t0() + Duration::from_secs(12);
+    let found = store.find_by_key(&scope, &key, after, 10).await.unwrap();
+    assert_eq!(
+        ids(&found),
+        [&tie_high, &tie_low, &done],
+        "expired records are not found"
+    );
+    // The records are whole.
+    let last = &found[2];
+    assert_eq!(last.status, Status::Completed);
+    assert_eq!(last.response, Some(response(201, "found")));
+    assert_eq!(last.resource_id.as_deref(), Some("r_1"));
+    assert_eq!(last.created_at, t0());
+    assert_eq!(last.expires_at, t0() + TTL);
+    assert_eq!(Some(last), store.get(&done, after).await.unwrap().as_ref());
+    assert_eq!(found[0].status, Status::InProgress);
+    assert_eq!(found[0].created_at, t0() + Duration::from_secs(1));
+    assert_eq!(
+        found[0].lease_until,
+        Some(t0() + Duration::from_secs(1) + LEASE)
+    );
+
+    // The limit is respected, keeping the newest.
+    let found = store.find_by_key(&scope, &key, after, 2).await.unwrap();
+    assert_eq!(ids(&found), [&tie_high, &tie_low]);
+    let found = store.find_by_key(&scope, &key, after, 1).await.unwrap();
+    assert_eq!(ids(&found), [&tie_high]);
+    assert!(
+        store
+            .find_by_key(&scope, &key, after, 0)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    // Other scopes and keys see only their own.
+    let found = store
+        .find_by_key(&other_scope.scope, &key, after, 10)
+        .await
+        .unwrap();
+    assert_eq!(ids(&found), [&other_scope]);
+    let found = store
+        .find_by_key(&scope, &other_key.key, after, 10)
+        .await
+        .unwrap();
+    assert_eq!(ids(&found), [&other_key]);
+    let nobody = crate::Scope::from_raw(format!("{}-nobody", scope.as_str()));
+    assert!(
+        store
+            .find_by_key(&nobody, &key, after, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    // A released key claimed again is found again, once.
+    acquired(claim_ok(store, &claim_at(&released, Duration::from_secs(20), TTL)).await);
+    let at = t0() + Duration::from_secs(20);
+    let found = store.find_by_key(&scope, &key, at, 10).await.unwrap();
+    assert_eq!(ids(&found), [&released, &tie_high, &tie_low, &done]);
+}

@@ -12,7 +12,8 @@
 //! function, for stores that want to call them one by one.
 //!
 //! The suite checks every transition of DESIGN.md section 2, fencing,
-//! takeover, expiry, bounded purge, a 64-task race on one key, and a
+//! takeover, expiry, bounded purge, the stale listing, the look-up by
+//! (scope, key), a 64-task race on one key, and a
 //! property test that runs random operation sequences against a simple
 //! model of the contract and compares every answer.
 
@@ -113,6 +114,7 @@ macro_rules! conformance_tests {
             expired_records_execute_again,
             purge_deletes_only_expired_in_bounded_batches,
             stale_records_are_listed_in_pages,
+            records_are_found_by_scope_and_key,
         );
 
         #[test]
@@ -234,6 +236,15 @@ impl<S: Store> Store for Guarded<S> {
         limit: usize,
     ) -> crate::BoxFuture<'a, Result<Vec<crate::Record>, crate::StoreError>> {
         self.store.list_stale(now, after, limit)
+    }
+    fn find_by_key<'a>(
+        &'a self,
+        scope: &'a Scope,
+        key: &'a Key,
+        now: Timestamp,
+        limit: usize,
+    ) -> crate::BoxFuture<'a, Result<Vec<crate::Record>, crate::StoreError>> {
+        self.store.find_by_key(scope, key, now, limit)
     }
 }
 

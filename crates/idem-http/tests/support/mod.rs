@@ -202,6 +202,15 @@ impl Store for DownStore {
     ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>> {
         Box::pin(async { Err(down()) })
     }
+    fn find_by_key<'a>(
+        &'a self,
+        _: &'a idem_core::Scope,
+        _: &'a idem_core::Key,
+        _: Timestamp,
+        _: usize,
+    ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>> {
+        Box::pin(async { Err(down()) })
+    }
 }
 
 pub async fn memory() -> Option<Arc<dyn Store>> {

@@ -1,5 +1,6 @@
--- KEYS[1] record, KEYS[2] fence counter, KEYS[3] in-progress index (zset by lease end)
--- ARGV: fingerprint, now, lease_until, expires_at (milliseconds)
+-- KEYS[1] record, KEYS[2] fence counter, KEYS[3] in-progress index (zset by lease end),
+-- KEYS[4] the (scope, key) index (zset: operation by created_at)
+-- ARGV: fingerprint, now, lease_until, expires_at (milliseconds), operation
 -- Reply: {outcome, fence, created_at, lease_until, expires_at, status,
 --         resource_id, response_status, response_headers, response_body}
 -- outcome: 0 acquired, 1 in flight, 2 replay, 3 mismatch, 4 takeover.
@@ -23,4 +24,11 @@ redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'fp', ARGV[1], 'st', '0', 'fence', f, 'ca', ARGV[2], 'lu', ARGV[3], 'ea', ARGV[4])
 redis.call('PEXPIREAT', KEYS[1], ARGV[4])
 redis.call('ZADD', KEYS[3], ARGV[3], KEYS[1])
+-- The (scope, key) index lives at least as long as its longest-lived record.
+-- GT alone never sets a TTL on a key without one (it counts as infinite), so
+-- NX covers a new index.
+redis.call('ZADD', KEYS[4], ARGV[2], ARGV[5])
+if redis.call('PEXPIREAT', KEYS[4], ARGV[4], 'GT') == 0 then
+  redis.call('PEXPIREAT', KEYS[4], ARGV[4], 'NX')
+end
 return {taken, f, ARGV[2], ARGV[3], ARGV[4], '0', '', '', '', ''}

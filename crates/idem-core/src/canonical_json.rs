@@ -1,0 +1,1021 @@
+//! Strict JSON parsing and one canonical serialisation, for fingerprints.
+//!
+//! Two bodies that carry the same JSON value must fingerprint alike, and
+//! two bodies that carry different values must not. RFC 8785 gets the first
+//! half right but reads every number as an IEEE double, so `9007199254740993`
+//! and `9007199254740992` (or a 30-digit amount and its neighbour) collapse
+//! into one. This module keeps numbers exactly, as a decimal digit string and
+//! a 64-bit exponent, and defines its own canonical form:
+//!
+//! - no insignificant whitespace;
+//! - object members sorted by the UTF-8 bytes of their (decoded) keys;
+//! - strings with every escape decoded, then written with `\"`, `\\`,
+//!   `\b`, `\f`, `\n`, `\r`, `\t`, `\u00xx` (lower-case hex) for the other
+//!   control characters, and every other character as itself in UTF-8;
+//! - numbers as `[-]D` followed either by `N` zeros (when the integer has at
+//!   most 21 digits) or by `eN`, where `D` is the significant digits without
+//!   leading or trailing zeros and `N` the decimal exponent; zero is `0`.
+//!   So `100`, `100.0`, `1.0e2`, `1E+2` and `10000e-2` are all `100`,
+//!   `-0` is `0`, `1.5` is `15e-1`, and `1e400` stays `1e400`.
+//!
+//! The parser is strict RFC 8259 plus three refusals that make the value
+//! well-defined: duplicate keys (after decoding escapes), lone UTF-16
+//! surrogates in `\u` escapes, and exponents that do not fit in an `i64`
+//! after normalisation. Nesting is limited to [`MAX_DEPTH`] containers and
+//! the parser keeps its own stack, so hostile input such as `[[[[...` never
+//! recurses. The output of [`canonicalize`] is valid JSON and canonicalizes
+//! to itself.
+
+use std::borrow::Cow;
+
+/// The deepest nesting of arrays and objects accepted.
+pub(crate) const MAX_DEPTH: usize = 128;
+
+/// Integers with at most this many digits are written without an exponent.
+const MAX_PLAIN_DIGITS: i64 = 21;
+
+/// Why a body is not JSON as far as fingerprints are concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum JsonError {
+    /// The body is not UTF-8.
+    #[error("not UTF-8")]
+    NotUtf8,
+    /// The body does not follow the JSON grammar at this byte offset.
+    #[error("invalid JSON at byte {0}")]
+    Syntax(usize),
+    /// More than [`MAX_DEPTH`] nested arrays and objects.
+    #[error("nested deeper than {MAX_DEPTH}")]
+    TooDeep,
+    /// An object names the same key twice.
+    #[error("duplicate object key")]
+    DuplicateKey,
+    /// A `\u` escape is half of a UTF-16 surrogate pair.
+    #[error("lone UTF-16 surrogate in a string")]
+    LoneSurrogate,
+    /// A number's exponent does not fit in 64 bits.
+    #[error("number exponent out of range")]
+    ExponentOverflow,
+}
+
+/// A parsed JSON value with exact numbers and sorted, unique object keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Json {
+    Null,
+    Bool(bool),
+    Number(Number),
+    String(String),
+    Array(Vec<Json>),
+    /// Sorted by key (bytewise), keys unique.
+    Object(Vec<(String, Json)>),
+}
+
+/// An exact decimal: `(-1)^negative × digits × 10^exponent`.
+///
+/// Normalised: `digits` holds ASCII digits without leading or trailing
+/// zeros; zero is empty digits, not negative, exponent 0. So two numbers
+/// are equal in value exactly when their fields are equal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Number {
+    negative: bool,
+    digits: Vec<u8>,
+    exponent: i64,
+}
+
+impl Number {
+    fn zero() -> Number {
+        Number {
+            negative: false,
+            digits: Vec::new(),
+            exponent: 0,
+        }
+    }
+}
+
+/// Parses `body` strictly and writes it in canonical form.
+pub(crate) fn canonicalize(body: &[u8]) -> Result<Vec<u8>, JsonError> {
+    let value = parse(body)?;
+    let mut out = Vec::with_capacity(body.len());
+    value.write_canonical(&mut out);
+    Ok(out)
+}
+
+/// Parses `body` strictly and writes, in canonical form, the array of
+/// `[pointer, value]` pairs for `pointers` (RFC 6901), in the order given;
+/// a pointer that selects nothing selects `null`.
+pub(crate) fn canonicalize_fields(body: &[u8], pointers: &[String]) -> Result<Vec<u8>, JsonError> {
+    let value = parse(body)?;
+    let mut out = Vec::new();
+    out.push(b'[');
+    for (i, pointer) in pointers.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.push(b'[');
+        write_string(pointer, &mut out);
+        out.push(b',');
+        match value.pointer(pointer) {
+            Some(selected) => selected.write_canonical(&mut out),
+            None => out.extend_from_slice(b"null"),
+        }
+        out.push(b']');
+    }
+    out.push(b']');
+    Ok(out)
+}
+
+/// The canonical form of a JSON body, or `None` when it is not JSON by the
+/// rules of fingerprint version 2. Exposed for fuzzing and tests only.
+#[doc(hidden)]
+pub fn canonicalize_json(body: &[u8]) -> Option<Vec<u8>> {
+    canonicalize(body).ok()
+}
+
+/// Parses one JSON text (surrounding whitespace allowed).
+pub(crate) fn parse(body: &[u8]) -> Result<Json, JsonError> {
+    std::str::from_utf8(body).map_err(|_| JsonError::NotUtf8)?;
+    Parser { s: body, pos: 0 }.document()
+}
+
+/// A container being parsed.
+enum Frame {
+    Array(Vec<Json>),
+    /// Members so far, and the key of the member whose value comes next.
+    Object(Vec<(String, Json)>, String),
+}
+
+struct Parser<'a> {
+    s: &'a [u8],
+    pos: usize,
+}
+
+impl Parser<'_> {
+    fn peek(&self) -> Option<u8> {
+        self.s.get(self.pos).copied()
+    }
+
+    fn eat(&mut self, b: u8) -> bool {
+        if self.peek() == Some(b) {
+            self.pos += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn expect(&mut self, b: u8) -> Result<(), JsonError> {
+        if self.eat(b) {
+            Ok(())
+        } else {
+            Err(self.syntax())
+        }
+    }
+
+    fn syntax(&self) -> JsonError {
+        JsonError::Syntax(self.pos)
+    }
+
+    fn skip_ws(&mut self) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
+            self.pos += 1;
+        }
+    }
+
+    fn document(&mut self) -> Result<Json, JsonError> {
+        let mut stack: Vec<Frame> = Vec::new();
+        self.skip_ws();
+        'value: loop {
+            // Here a value starts.
+            let mut value = match self.peek() {
+                Some(open @ (b'[' | b'{')) => {
+                    if stack.len() >= MAX_DEPTH {
+                        return Err(JsonError::TooDeep);
+                    }
+                    self.pos += 1;
+                    self.skip_ws();
+                    if open == b'[' {
+                        if self.eat(b']') {
+                            Json::Array(Vec::new())
+                        } else {
+                            stack.push(Frame::Array(Vec::new()));
+                            continue 'value;
+                        }
+                    } else if self.eat(b'}') {
+                        Json::Object(Vec::new())
+                    } else {
+                        let key = self.member_key()?;
+                        stack.push(Frame::Object(Vec::new(), key));
+                        continue 'value;
+                    }
+                }
+                _ => self.scalar()?,
+            };
+            // A value is complete: hand it to its container, closing
+            // containers as long as their closing bracket follows.
+            loop {
+                self.skip_ws();
+                let Some(frame) = stack.last_mut() else {
+                    if self.pos == self.s.len() {
+                        return Ok(value);
+                    }
+                    return Err(self.syntax());
+                };
+                match frame {
+                    Frame::Array(items) => {
+                        items.push(value);
+                        if self.eat(b',') {
+                            self.skip_ws();
+                            continue 'value;
+                        }
+                        self.expect(b']')?;
+                        let items = std::mem::take(items);
+                        stack.pop();
+                        value = Json::Array(items);
+                    }
+                    Frame::Object(members, key) => {
+                        members.push((std::mem::take(key), value));
+                        if self.eat(b',') {
+                            self.skip_ws();
+                            *key = self.member_key()?;
+                            continue 'value;
+                        }
+                        self.expect(b'}')?;
+                        let members = std::mem::take(members);
+                        stack.pop();
+                        value = object(members)?;
+                    }
+                }
+            }
+        }
+    }
+
+    /// `"key"` `:`, with the whitespace after each.
+    fn member_key(&mut self) -> Result<String, JsonError> {
+        if self.peek() != Some(b'"') {
+            return Err(self.syntax());
+        }
+        let key = self.string()?;
+        self.skip_ws();
+        self.expect(b':')?;
+        self.skip_ws();
+        Ok(key)
+    }
+
+    fn scalar(&mut self) -> Result<Json, JsonError> {
+        let rest = self.s.get(self.pos..).unwrap_or_default();
+        for (word, value) in [
+            (&b"null"[..], Json::Null),
+            (b"true", Json::Bool(true)),
+            (b"false", Json::Bool(false)),
+        ] {
+            if rest.starts_with(word) {
+                self.pos += word.len();
+                return Ok(value);
+            }
+        }
+        match self.peek() {
+            Some(b'"') => self.string().map(Json::String),
+            Some(b'-' | b'0'..=b'9') => self.number().map(Json::Number),
+            _ => Err(self.syntax()),
+        }
+    }
+
+    fn digits_into(&mut self, out: &mut Vec<u8>) -> usize {
+        let start = self.pos;
+        while let Some(d @ b'0'..=b'9') = self.peek() {
+            out.push(d);
+            self.pos += 1;
+        }
+        self.pos - start
+    }
+
+    fn number(&mut self) -> Result<Number, JsonError> {
+        let negative = self.eat(b'-');
+        let mut digits = Vec::new();
+        match self.peek() {
+            // A lone leading zero; a digit after it is left for the caller
+            // to reject.
+            Some(b'0') => self.pos += 1,
+            Some(b'1'..=b'9') => {
+                self.digits_into(&mut digits);
+            }
+            _ => return Err(self.syntax()),
+        }
+        let mut fraction_len = 0usize;
+        if self.eat(b'.') {
+            fraction_len = self.digits_into(&mut digits);
+            if fraction_len == 0 {
+                return Err(self.syntax());
+            }
+        }
+        let mut exponent: i64 = 0;
+        if self.eat(b'e') || self.eat(b'E') {
+            let exp_negative = if self.eat(b'-') {
+                true
+            } else {
+                self.eat(b'+');
+                false
+            };
+            // Accumulated with its sign, so that i64::MIN is reachable.
+            let mut any = false;
+            while let Some(d @ b'0'..=b'9') = self.peek() {
+                let d = i64::from(d - b'0');
+                exponent = exponent
+                    .checked_mul(10)
+                    .and_then(|e| {
+                        if exp_negative {
+                            e.checked_sub(d)
+                        } else {
+                            e.checked_add(d)
+                        }
+                    })
+                    .ok_or(JsonError::ExponentOverflow)?;
+                self.pos += 1;
+                any = true;
+            }
+            if !any {
+                return Err(self.syntax());
+            }
+        }
+        // value = digits × 10^(exponent − fraction_len)
+        let fraction_len = i64::try_from(fraction_len).map_err(|_| JsonError::ExponentOverflow)?;
+        let mut exponent = exponent
+            .checked_sub(fraction_len)
+            .ok_or(JsonError::ExponentOverflow)?;
+        let leading = digits.iter().take_while(|&&d| d == b'0').count();
+        digits.drain(..leading);
+        let trailing = digits.iter().rev().take_while(|&&d| d == b'0').count();
+        digits.truncate(digits.len() - trailing);
+        if digits.is_empty() {
+            return Ok(Number::zero());
+        }
+        let trailing = i64::try_from(trailing).map_err(|_| JsonError::ExponentOverflow)?;
+        exponent = exponent
+            .checked_add(trailing)
+            .ok_or(JsonError::ExponentOverflow)?;
+        Ok(Number {
+            negative,
+            digits,
+            exponent,
+        })
+    }
+
+    /// A string starting at the opening quote, escapes decoded.
+    fn string(&mut self) -> Result<String, JsonError> {
+        self.expect(b'"')?;
+        let mut out: Vec<u8> = Vec::new();
+        loop {
+            let start = self.pos;
+            while let Some(b) = self.peek() {
+                if b == b'"' || b == b'\\' || b < 0x20 {
+                    break;
+                }
+                self.pos += 1;
+            }
+            out.extend_from_slice(self.s.get(start..self.pos).unwrap_or_default());
+            match self.peek() {
+                Some(b'"') => {
+                    self.pos += 1;
+                    // Input is UTF-8 and we only cut it at ASCII bytes.
+                    return String::from_utf8(out).map_err(|_| JsonError::NotUtf8);
+                }
+                Some(b'\\') => {
+                    self.pos += 1;
+                    self.escape(&mut out)?;
+                }
+                // End of input, or an unescaped control character.
+                _ => return Err(self.syntax()),
+            }
+        }
+    }
+
+    /// One escape, after its backslash.
+    fn escape(&mut self, out: &mut Vec<u8>) -> Result<(), JsonError> {
+        let Some(b) = self.peek() else {
+            return Err(self.syntax());
+        };
+        self.pos += 1;
+        let simple = match b {
+            b'"' => b'"',
+            b'\\' => b'\\',
+            b'/' => b'/',
+            b'b' => 0x08,
+            b'f' => 0x0c,
+            b'n' => b'\n',
+            b'r' => b'\r',
+            b't' => b'\t',
+            b'u' => {
+                let unit = self.hex4()?;
+                let code = match unit {
+                    0xD800..=0xDBFF => {
+                        if !(self.eat(b'\\') && self.eat(b'u')) {
+                            return Err(JsonError::LoneSurrogate);
+                        }
+                        let low = self.hex4()?;
+                        if !(0xDC00..=0xDFFF).contains(&low) {
+                            return Err(JsonError::LoneSurrogate);
+                        }
+                        0x10000 + ((unit - 0xD800) << 10) + (low - 0xDC00)
+                    }
+                    0xDC00..=0xDFFF => return Err(JsonError::LoneSurrogate),
+                    _ => unit,
+                };
+                let c = char::from_u32(code).ok_or(JsonError::LoneSurrogate)?;
+                let mut buf = [0u8; 4];
+                out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
+                return Ok(());
+            }
+            _ => return Err(JsonError::Syntax(self.pos - 1)),
+        };
+        out.push(simple);
+        Ok(())
+    }
+
+    fn hex4(&mut self) -> Result<u32, JsonError> {
+        let mut unit = 0u32;
+        for _ in 0..4 {
+            let digit = match self.peek() {
+                Some(d @ b'0'..=b'9') => d - b'0',
+                Some(d @ b'a'..=b'f') => d - b'a' + 10,
+                Some(d @ b'A'..=b'F') => d - b'A' + 10,
+                _ => return Err(self.syntax()),
+            };
+            unit = unit * 16 + u32::from(digit);
+            self.pos += 1;
+        }
+        Ok(unit)
+    }
+}
+
+/// An object from its members in source order: sorted, duplicates refused.
+fn object(mut members: Vec<(String, Json)>) -> Result<Json, JsonError> {
+    members.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    if members.windows(2).any(|w| w[0].0 == w[1].0) {
+        return Err(JsonError::DuplicateKey);
+    }
+    Ok(Json::Object(members))
+}
+
+impl Json {
+    /// The value `pointer` (RFC 6901) selects, if any. `""` is the whole
+    /// value; a pointer that does not start with `/`, has an escape other
+    /// than `~0` and `~1`, or an array index that is not a plain decimal
+    /// (no sign, no leading zero; `-` included) selects nothing.
+    pub(crate) fn pointer(&self, pointer: &str) -> Option<&Json> {
+        if pointer.is_empty() {
+            return Some(self);
+        }
+        let mut current = self;
+        for raw in pointer.strip_prefix('/')?.split('/') {
+            let token = unescape_token(raw)?;
+            current = match current {
+                Json::Object(members) => {
+                    let i = members
+                        .binary_search_by(|(k, _)| k.as_str().cmp(&token))
+                        .ok()?;
+                    &members.get(i)?.1
+                }
+                Json::Array(items) => items.get(array_index(&token)?)?,
+                _ => return None,
+            };
+        }
+        Some(current)
+    }
+
+    /// Appends the canonical form. Recursion is bounded by the depth the
+    /// parser accepts (plus the two levels of a field selection).
+    fn write_canonical(&self, out: &mut Vec<u8>) {
+        match self {
+            Json::Null => out.extend_from_slice(b"null"),
+            Json::Bool(true) => out.extend_from_slice(b"true"),
+            Json::Bool(false) => out.extend_from_slice(b"false"),
+            Json::Number(n) => write_number(n, out),
+            Json::String(s) => write_string(s, out),
+            Json::Array(items) => {
+                out.push(b'[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    item.write_canonical(out);
+                }
+                out.push(b']');
+            }
+            Json::Object(members) => {
+                out.push(b'{');
+                for (i, (key, value)) in members.iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    write_string(key, out);
+                    out.push(b':');
+                    value.write_canonical(out);
+                }
+                out.push(b'}');
+            }
+        }
+    }
+}
+
+fn unescape_token(raw: &str) -> Option<Cow<'_, str>> {
+    if !raw.contains('~') {
+        return Some(Cow::Borrowed(raw));
+    }
+    let mut out = String::with_capacity(raw.len());
+    let mut chars = raw.chars();
+    while let Some(c) = chars.next() {
+        if c == '~' {
+            match chars.next() {
+                Some('0') => out.push('~'),
+                Some('1') => out.push('/'),
+                _ => return None,
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    Some(Cow::Owned(out))
+}
+
+fn array_index(token: &str) -> Option<usize> {
+    let bytes = token.as_bytes();
+    match bytes {
+        [b'0'] => Some(0),
+        [b'1'..=b'9', rest @ ..] if rest.iter().all(u8::is_ascii_digit) => token.parse().ok(),
+        _ => None,
+    }
+}
+
+fn write_number(n: &Number, out: &mut Vec<u8>) {
+    if n.digits.is_empty() {
+        out.push(b'0');
+        return;
+    }
+    if n.negative {
+        out.push(b'-');
+    }
+    out.extend_from_slice(&n.digits);
+    if n.exponent == 0 {
+        return;
+    }
+    let len = i64::try_from(n.digits.len()).unwrap_or(i64::MAX);
+    if n.exponent > 0 && len.saturating_add(n.exponent) <= MAX_PLAIN_DIGITS {
+        for _ in 0..n.exponent {
+            out.push(b'0');
+        }
+    } else {
+        out.push(b'e');
+        out.extend_from_slice(n.exponent.to_string().as_bytes());
+    }
+}
+
+fn write_string(s: &str, out: &mut Vec<u8>) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    out.push(b'"');
+    for &b in s.as_bytes() {
+        match b {
+            b'"' => out.extend_from_slice(b"\\\""),
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            0x08 => out.extend_from_slice(b"\\b"),
+            0x0c => out.extend_from_slice(b"\\f"),
+            b'\n' => out.extend_from_slice(b"\\n"),
+            b'\r' => out.extend_from_slice(b"\\r"),
+            b'\t' => out.extend_from_slice(b"\\t"),
+            0x00..=0x1f => {
+                out.extend_from_slice(b"\\u00");
+                out.push(HEX[usize::from(b >> 4)]);
+                out.push(HEX[usize::from(b & 0xf)]);
+            }
+            _ => out.push(b),
+        }
+    }
+    out.push(b'"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::Value;
+
+    fn canon(s: &str) -> String {
+        String::from_utf8(canonicalize(s.as_bytes()).unwrap()).unwrap()
+    }
+
+    fn err(s: &[u8]) -> JsonError {
+        canonicalize(s).unwrap_err()
+    }
+
+    #[test]
+    fn number_spellings_of_one_value_match() {
+        for group in [
+            &[
+                "100", "100.0", "1.0e2", "1E+2", "10000e-2", "1e2", "0.001e5", "100e0",
+            ][..],
+            &["0", "-0", "0.0", "-0.0e-5", "0e10", "0E-999"],
+            &["1.5", "15e-1", "0.15E1", "1.50", "150e-2"],
+            &["-12.5", "-125e-1", "-0.125e2"],
+            &["1e400", "10e399", "0.1e401"],
+            &[
+                "123456789012345678901234567890",
+                "1.23456789012345678901234567890e29",
+            ],
+        ] {
+            let first = canon(group[0]);
+            for spelling in group {
+                assert_eq!(canon(spelling), first, "{spelling}");
+            }
+        }
+        assert_eq!(canon("100"), "100");
+        assert_eq!(canon("-0"), "0");
+        assert_eq!(canon("1.5"), "15e-1");
+        assert_eq!(canon("1e20"), "100000000000000000000");
+        assert_eq!(canon("1e21"), "1e21");
+        assert_eq!(canon("-1e400"), "-1e400");
+        assert_eq!(canon("1E-7"), "1e-7");
+    }
+
+    #[test]
+    fn different_numbers_never_match() {
+        for (a, b) in [
+            ("9007199254740993", "9007199254740992"),
+            ("0.1", "0.10000000000000001"),
+            ("1", "1.5"),
+            ("1", "-1"),
+            ("1e400", "1e401"),
+            (
+                "123456789012345678901234567891",
+                "123456789012345678901234567890",
+            ),
+            ("1", "\"1\""),
+            ("0", "false"),
+            ("0", "null"),
+        ] {
+            assert_ne!(canon(a), canon(b), "{a} vs {b}");
+        }
+    }
+
+    #[test]
+    fn exponents_out_of_range_are_not_json() {
+        assert_eq!(canon("1e9223372036854775807"), "1e9223372036854775807");
+        assert_eq!(canon("1e-9223372036854775807"), "1e-9223372036854775807");
+        assert_eq!(err(b"1e9223372036854775808"), JsonError::ExponentOverflow);
+        assert_eq!(
+            err(b"1e99999999999999999999999"),
+            JsonError::ExponentOverflow
+        );
+        // Normalisation moves the exponent past the edge.
+        assert_eq!(err(b"10e9223372036854775807"), JsonError::ExponentOverflow);
+        assert_eq!(canon("0.1e-9223372036854775807"), "1e-9223372036854775808");
+        assert_eq!(canon("1e-9223372036854775808"), "1e-9223372036854775808");
+        assert_eq!(
+            err(b"0.01e-9223372036854775807"),
+            JsonError::ExponentOverflow
+        );
+        assert_eq!(err(b"1e-9223372036854775809"), JsonError::ExponentOverflow);
+        // Leading zeros in an exponent are allowed and cost nothing.
+        assert_eq!(canon("1e000000000000000000000000000002"), "100");
+    }
+
+    #[test]
+    fn objects_are_sorted_and_whitespace_goes() {
+        assert_eq!(
+            canon(" {\"b\" : [ 1 , {\"d\":null, \"c\":true} ] ,\n\t\"a\":\"x\"}\r\n"),
+            r#"{"a":"x","b":[1,{"c":true,"d":null}]}"#
+        );
+        // Bytewise order of the decoded keys.
+        assert_eq!(
+            canon(r#"{"é":1,"z":2,"Z":3,"":4,"a\u0000":5,"a":6}"#),
+            "{\"\":4,\"Z\":3,\"a\":6,\"a\\u0000\":5,\"z\":2,\"é\":1}"
+        );
+        assert_eq!(canon("[]"), "[]");
+        assert_eq!(canon("{ }"), "{}");
+    }
+
+    #[test]
+    fn strings_have_one_spelling() {
+        assert_eq!(canon(r#""\u0041""#), canon(r#""A""#));
+        assert_eq!(canon(r#""\/""#), canon(r#""/""#));
+        assert_eq!(canon(r#""caf\u00E9""#), canon("\"café\""));
+        assert_eq!(canon(r#""\ud83d\ude00""#), canon("\"😀\""));
+        assert_eq!(canon(r#""\uD83D\uDE00""#), "\"😀\"");
+        assert_eq!(
+            canon(r#""\u0008\f\n\r\t\u0001\u001F\"\\\u007f\u2028""#),
+            "\"\\b\\f\\n\\r\\t\\u0001\\u001f\\\"\\\\\u{7f}\u{2028}\""
+        );
+        assert_ne!(canon(r#""a""#), canon(r#""A""#));
+    }
+
+    #[test]
+    fn lone_surrogates_are_not_json() {
+        for s in [
+            r#""\ud800""#,
+            r#""\udc00""#,
+            r#""\ud800x""#,
+            r#""\ud800\n""#,
+            r#""\ud800\u0041""#,
+            r#""\ud800\ud800""#,
+            r#""\ude00\ud83d""#,
+        ] {
+            assert_eq!(err(s.as_bytes()), JsonError::LoneSurrogate, "{s}");
+        }
+    }
+
+    #[test]
+    fn duplicate_keys_are_not_json() {
+        assert_eq!(err(br#"{"a":1,"a":1}"#), JsonError::DuplicateKey);
+        assert_eq!(err(br#"{"a":1,"b":2,"a":3}"#), JsonError::DuplicateKey);
+        assert_eq!(err(br#"{"a":1,"\u0061":2}"#), JsonError::DuplicateKey);
+        assert_eq!(err(br#"[{"x":{"k":1,"k":2}}]"#), JsonError::DuplicateKey);
+        assert!(canonicalize(br#"{"a":{"a":1},"b":{"a":1}}"#).is_ok());
+    }
+
+    #[test]
+    fn nesting_is_bounded_without_recursion() {
+        let ok = format!("{}{}", "[".repeat(MAX_DEPTH), "]".repeat(MAX_DEPTH));
+        assert_eq!(canon(&ok), ok);
+        let deep = format!("{}{}", "[".repeat(MAX_DEPTH + 1), "]".repeat(MAX_DEPTH + 1));
+        assert_eq!(err(deep.as_bytes()), JsonError::TooDeep);
+        assert_eq!(err(&b"[".repeat(1_000_000)), JsonError::TooDeep);
+        assert_eq!(err(&b"{\"a\":".repeat(1_000_000)), JsonError::TooDeep);
+        assert_eq!(err(&b"[{\"\":".repeat(500_000)), JsonError::TooDeep);
+        let objects = format!("{}1{}", "{\"a\":".repeat(MAX_DEPTH), "}".repeat(MAX_DEPTH));
+        assert_eq!(canon(&objects), objects);
+        // A long flat array is fine.
+        let flat = format!("[{}1]", "1,".repeat(100_000));
+        assert!(canonicalize(flat.as_bytes()).is_ok());
+    }
+
+    #[test]
+    fn grammar_is_strict() {
+        for bad in [
+            &b""[..],
+            b" ",
+            b"01",
+            b"-01",
+            b"1.",
+            b".5",
+            b"+1",
+            b"-",
+            b"1e",
+            b"1e+",
+            b"1.e3",
+            b"0x10",
+            b"NaN",
+            b"Infinity",
+            b"-Infinity",
+            b"nul",
+            b"True",
+            b"'a'",
+            b"[1,]",
+            b"[,1]",
+            b"[1 2]",
+            b"{\"a\":1,}",
+            b"{\"a\" 1}",
+            b"{a:1}",
+            b"{1:1}",
+            b"[1]]",
+            b"[1]x",
+            b"1 2",
+            b"\"abc",
+            b"\"\t\"",
+            b"\"\\x\"",
+            b"\"\\u12\"",
+            b"\"\\u12G4\"",
+            b"\xEF\xBB\xBF{}",
+            b"\"\xff\"",
+            b"[\x0c]",
+            b"\x00",
+        ] {
+            assert!(
+                canonicalize(bad).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        assert_eq!(err(b"\"\xff\""), JsonError::NotUtf8);
+        for good in [
+            "0",
+            "-0",
+            "\"\"",
+            "null",
+            " true ",
+            "[false]",
+            "\"\\u0000\"",
+            "1E5",
+            "1e-5",
+        ] {
+            assert!(canonicalize(good.as_bytes()).is_ok(), "{good}");
+        }
+    }
+
+    #[test]
+    fn json_pointers_follow_rfc_6901() {
+        let doc = parse(
+            br#"{"a/b":1,"m~n":2,"arr":[10,11,{"x":"y"}],"":3,"01":4,"nested":{"k":{"l":5}}}"#,
+        )
+        .unwrap();
+        let at = |p: &str| {
+            doc.pointer(p).map(|v| {
+                let mut out = Vec::new();
+                v.write_canonical(&mut out);
+                String::from_utf8(out).unwrap()
+            })
+        };
+        assert_eq!(at("/a~1b").as_deref(), Some("1"));
+        assert_eq!(at("/m~0n").as_deref(), Some("2"));
+        assert_eq!(at("/arr/0").as_deref(), Some("10"));
+        assert_eq!(at("/arr/2/x").as_deref(), Some("\"y\""));
+        assert_eq!(at("/").as_deref(), Some("3"));
+        assert_eq!(at("/01").as_deref(), Some("4"));
+        assert_eq!(at("/nested/k/l").as_deref(), Some("5"));
+        assert!(at("").unwrap().starts_with('{'));
+        for missing in [
+            "/arr/01",
+            "/arr/-",
+            "/arr/3",
+            "/arr/+1",
+            "/arr/ 1",
+            "/arr/a",
+            "/a/b",
+            "/m~2n",
+            "/m~",
+            "a",
+            "/arr/0/x",
+            "/nope",
+            "/arr/99999999999999999999999",
+        ] {
+            assert_eq!(at(missing), None, "{missing}");
+        }
+    }
+
+    #[test]
+    fn field_selections_are_pairs_and_missing_is_null() {
+        let out = canonicalize_fields(
+            br#"{"b":{"c":9007199254740993},"a":1.0}"#,
+            &["/a".into(), "/b/c".into(), "/zz".into(), "/\"q".into()],
+        )
+        .unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            r#"[["/a",1],["/b/c",9007199254740993],["/zz",null],["/\"q",null]]"#
+        );
+        assert_eq!(canonicalize_fields(b"[]", &[]).unwrap(), b"[]");
+        assert!(canonicalize_fields(b"{", &["/a".into()]).is_err());
+    }
+
+    /// JSON values as serde_json sees them (f64 and integers, any strings).
+    fn value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(Value::from),
+            ".*".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(6, 64, 8, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..8).prop_map(Value::Array),
+                prop::collection::btree_map(".*", inner, 0..8)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// Another spelling of `v`: members in reverse order, extra whitespace,
+    /// every string character as `\u` escapes, numbers as `m.m0E±x`.
+    fn write_odd(v: &Value, out: &mut String) {
+        match v {
+            Value::Null | Value::Bool(_) => out.push_str(&v.to_string()),
+            Value::Number(n) => {
+                let s = n.to_string();
+                let (m, e) = s.split_once(['e', 'E']).unwrap_or((&s, "0"));
+                let m = if m.contains('.') {
+                    format!("{m}0")
+                } else {
+                    format!("{m}.0")
+                };
+                out.push_str(&format!("{m}E{e}"));
+            }
+            Value::String(s) => {
+                out.push('"');
+                for unit in s.encode_utf16() {
+                    out.push_str(&format!("\\u{unit:04X}"));
+                }
+                out.push('"');
+            }
+            Value::Array(items) => {
+                out.push_str("[ ");
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(" ,\n");
+                    }
+                    write_odd(item, out);
+                }
+                out.push_str(" ]");
+            }
+            Value::Object(members) => {
+                out.push_str("{\t");
+                for (i, (k, item)) in members.iter().rev().enumerate() {
+                    if i > 0 {
+                        out.push_str(",\r\n ");
+                    }
+                    write_odd(&Value::String(k.clone()), out);
+                    out.push_str(" : ");
+                    write_odd(item, out);
+                }
+                out.push_str("\t}");
+            }
+        }
+    }
+
+    /// Bytes that look like JSON often enough to reach deep into the parser.
+    fn jsonish() -> impl Strategy<Value = Vec<u8>> {
+        const TOKENS: &[&[u8]] = &[
+            b"[",
+            b"]",
+            b"{",
+            b"}",
+            b",",
+            b":",
+            b"\"",
+            b"\"k\":",
+            b"\"a\":",
+            b"\\",
+            b"\\u",
+            b"d83d",
+            b"\\ude00",
+            b"0",
+            b"1",
+            b"9",
+            b"-",
+            b".",
+            b"e",
+            b"E+",
+            b"e-",
+            b" ",
+            b"\n",
+            b"null",
+            b"true",
+            b"\xc3\xa9",
+            b"\x00",
+            b"\xff",
+        ];
+        let token = prop::sample::select(TOKENS);
+        prop::collection::vec(token, 0..48).prop_map(|ts| ts.concat())
+    }
+
+    /// Whether serde_json finds `bytes` to be JSON; it refuses numbers
+    /// beyond f64, which we keep.
+    fn serde_accepts(bytes: &[u8]) -> bool {
+        match serde_json::from_slice::<Value>(bytes) {
+            Ok(_) => true,
+            Err(e) => e.to_string().starts_with("number out of range"),
+        }
+    }
+
+    /// Every property the fuzz targets check, for one input.
+    pub(crate) fn check_canonicalize(input: &[u8]) {
+        let Ok(once) = canonicalize(input) else {
+            return;
+        };
+        assert_eq!(canonicalize(&once).as_ref(), Ok(&once), "not idempotent");
+        assert!(
+            serde_accepts(&once),
+            "canonical output is not JSON: {:?}",
+            String::from_utf8_lossy(&once)
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn spellings_of_one_value_canonicalize_alike(v in value()) {
+            let compact = serde_json::to_vec(&v).unwrap();
+            let pretty = serde_json::to_vec_pretty(&v).unwrap();
+            let mut odd = String::new();
+            write_odd(&v, &mut odd);
+            let c = canonicalize(&compact).unwrap();
+            prop_assert_eq!(&canonicalize(&pretty).unwrap(), &c);
+            prop_assert_eq!(&canonicalize(odd.as_bytes()).unwrap(), &c);
+            prop_assert_eq!(&canonicalize(&c).unwrap(), &c);
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic_and_canonical_is_a_fixed_point(
+            input in prop::collection::vec(any::<u8>(), 0..256)
+        ) {
+            check_canonicalize(&input);
+        }
+
+        #[test]
+        fn jsonish_bytes_never_panic_and_canonical_is_a_fixed_point(input in jsonish()) {
+            check_canonicalize(&input);
+            // Whatever we accept, serde_json accepts too.
+            if canonicalize(&input).is_ok() {
+                prop_assert!(serde_accepts(&input));
+            }
+        }
+    }
+}
