@@ -28,12 +28,27 @@ impl Scope {
         ))
     }
 
-    /// The scope of a named tenant (from a configured header, say).
-    pub fn from_tenant(tenant: &str) -> Scope {
+    /// The scope of a named tenant or principal (from a header a trusted
+    /// proxy sets, say): the raw bytes are hashed, so two values that differ
+    /// in any byte are two scopes.
+    pub fn from_tenant(tenant: &[u8]) -> Scope {
         Scope(format!(
             "t:{}",
-            hex::encode(sha256_parts("idem-scope-tenant", &[tenant.as_bytes()]))
+            hex::encode(sha256_parts("idem-scope-tenant", &[tenant]))
         ))
+    }
+
+    /// The scope of several identifying values together (a tenant and a
+    /// principal within it, say), in order. One value gives the same scope
+    /// as [`Scope::from_tenant`].
+    pub fn from_parts(values: &[&[u8]]) -> Scope {
+        match values {
+            [one] => Scope::from_tenant(one),
+            many => Scope(format!(
+                "p:{}",
+                hex::encode(sha256_parts("idem-scope-parts", many))
+            )),
+        }
     }
 
     /// A scope read back from a store, or built by the application.
@@ -112,7 +127,17 @@ mod tests {
             Scope::from_credential(b"Bearer a"),
             Scope::from_credential(b"Bearer b")
         );
-        assert_ne!(Scope::from_credential(b"acme"), Scope::from_tenant("acme"));
+        assert_ne!(Scope::from_credential(b"acme"), Scope::from_tenant(b"acme"));
+        assert_ne!(
+            Scope::from_tenant("café".as_bytes()),
+            Scope::from_tenant(b"caf")
+        );
+        assert_eq!(Scope::from_parts(&[b"acme"]), Scope::from_tenant(b"acme"));
+        // Parts are length-framed: bytes cannot move between them.
+        assert_ne!(
+            Scope::from_parts(&[b"ab", b"c"]),
+            Scope::from_parts(&[b"a", b"bc"])
+        );
         assert!(
             !Scope::from_credential(b"Bearer secret-token")
                 .as_str()

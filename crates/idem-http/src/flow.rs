@@ -1,18 +1,19 @@
 //! One request through the contract: key, scope, body, fingerprint, claim,
 //! then reject, replay, wait, or execute.
 
+use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::FutureExt;
+use futures_util::{FutureExt, StreamExt};
 use http::header::HeaderName;
-use http::{HeaderMap, Request, Response, header, request::Parts};
-use http_body_util::{BodyExt, Limited};
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header, request::Parts};
+use http_body_util::{BodyExt, BodyStream, StreamBody};
 use idem_core::{
     BoxFuture, Claim, ClaimRequest, Completion, Concurrency, Disposition, Fingerprint, Key, Lease,
-    Operation, RecordId, Settled, Timestamp,
+    Record, RecordId, Settled, Status, StoreError, StoreErrorKind, StoredResponse, Timestamp,
 };
 
 use crate::body::{Body, BoxError, boxed, full};
@@ -21,7 +22,7 @@ use crate::layer::Shared;
 use crate::metrics::{self, Outcome, count, timed};
 use crate::rejection::Rejection;
 use crate::replay::{replay, set_expires, to_stored};
-use crate::rule::{KeyRequirement, RouteRule};
+use crate::rule::{KeyRequirement, RouteRule, ScopeError};
 
 /// The `Idempotency-Key` header.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
@@ -35,6 +36,31 @@ fn reject_keyed(r: Rejection, expires_at: Timestamp) -> Response<Body> {
     let mut response = reject(r);
     set_expires(response.headers_mut(), expires_at);
     response
+}
+
+/// Put in a response's extensions by an inner service that cannot tell
+/// whether its effect happened (a gateway whose upstream timed out after
+/// the request was sent, say). The layer then neither stores nor releases
+/// the record: the claim stays held until its lease ends, so a retry meets
+/// 409 instead of running beside the first execution, and recovery decides
+/// after the lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutcomeUnknown;
+
+/// Runs a store call under the layer's deadline: past it, the call counts
+/// as `Unavailable` (503, fail closed).
+async fn store_call<T>(
+    shared: &Shared,
+    op: &'static str,
+    fut: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(shared.store_timeout, timed(op, fut)).await {
+        Ok(r) => r,
+        Err(_) => Err(StoreError::new(
+            StoreErrorKind::Unavailable,
+            format!("store {op} took longer than {:?}", shared.store_timeout),
+        )),
+    }
 }
 
 /// The inner service's call, boxed.
@@ -72,25 +98,33 @@ where
         Ok(k) => k,
         Err(r) => return Ok(reject(r)),
     };
-    let id = RecordId::new(
-        shared.scope.scope_of(&parts),
-        Operation::new(parts.method.as_str(), rule.path.as_str()),
-        key,
-    );
+    let scope = match shared.scope.scope_of(&parts) {
+        Ok(s) if shared.require_scope && s == idem_core::Scope::anonymous() => {
+            return Ok(reject(Rejection::Scope(ScopeError::CredentialRequired)));
+        }
+        Ok(s) => s,
+        Err(e) => return Ok(reject(Rejection::Scope(e))),
+    };
+    let id = RecordId::new(scope, rule.operation(&parts.method), key);
 
-    // The body, bounded.
+    // The body, bounded in size and time.
     let limit = rule.body_limit.unwrap_or(shared.body_limit);
-    let bytes = match read_body(body, &parts.headers, limit).await {
+    let bytes = match read_body(body, &parts.headers, limit, shared.body_timeout).await {
         Ok(b) => b,
-        Err(r) => return Ok(reject(r)),
+        Err(r) => return Ok(reject_and_close(r)),
     };
     let content_type = parts
         .headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok());
-    let fingerprint = Fingerprint::compute(&id.operation, content_type, &bytes, &rule.fields);
+    // Everything that selects the effect: the operation, the actual path
+    // and query (a route pattern names many resources), and the body.
+    let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let fingerprint =
+        Fingerprint::compute_request(&id.operation, target, content_type, &bytes, &rule.fields);
+    let legacy = || Fingerprint::compute_v1(&id.operation, content_type, &bytes, &rule.fields);
 
-    let lease = match claim_or_wait(&shared, &rule, &id, fingerprint).await {
+    let lease = match claim_or_wait(&shared, &rule, &id, fingerprint, &legacy).await {
         Ok(lease) => lease,
         Err(response) => return Ok(response),
     };
@@ -136,7 +170,30 @@ fn parse_key(
     Key::parse(text, &shared.key_policy, credential).map_err(Rejection::InvalidKey)
 }
 
-async fn read_body<B>(body: B, headers: &HeaderMap, limit: usize) -> Result<Bytes, Rejection>
+/// A rejection sent before the request body was read to its end: the
+/// connection is closed after the answer, since what is left of the body
+/// cannot be told apart from a next request.
+fn reject_and_close(r: Rejection) -> Response<Body> {
+    let mut response = reject(r);
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
+}
+
+/// How much of an over-limit body is read and thrown away so that the
+/// client, still sending, reads the 413 instead of a connection reset
+/// (closing a socket with unread data makes the kernel send RST).
+const DRAIN_LIMIT: u64 = 8 * 1024 * 1024;
+/// How long that draining may take.
+const DRAIN_TIME: Duration = Duration::from_secs(5);
+
+async fn read_body<B>(
+    body: B,
+    headers: &HeaderMap,
+    limit: usize,
+    timeout: Duration,
+) -> Result<Bytes, Rejection>
 where
     B: http_body::Body<Data = Bytes>,
     B::Error: Into<BoxError>,
@@ -145,16 +202,49 @@ where
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Err(Rejection::BodyTooLarge { limit });
+    // A client that asked for 100-continue has sent nothing yet: refuse
+    // without reading, and it sends nothing.
+    let expects_continue = headers
+        .get(header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    let too_large = Rejection::BodyTooLarge { limit };
+    if declared.is_some_and(|n| n > limit as u64)
+        && (expects_continue || declared.is_some_and(|n| n > limit as u64 + DRAIN_LIMIT))
+    {
+        return Err(too_large);
     }
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            Err(Rejection::BodyTooLarge { limit })
+    let mut body = std::pin::pin!(body);
+    let mut buf = bytes::BytesMut::new();
+    let read = async {
+        while let Some(frame) = body.frame().await {
+            let Ok(data) = frame.map_err(Into::into)?.into_data() else {
+                continue;
+            };
+            if buf.len() + data.len() > limit {
+                return Ok(false);
+            }
+            buf.extend_from_slice(&data);
         }
-        Err(_) => Err(Rejection::UnreadableBody),
+        Ok::<bool, BoxError>(true)
+    };
+    match tokio::time::timeout(timeout, read).await {
+        Err(_) => return Err(Rejection::BodyTimeout),
+        Ok(Err(_)) => return Err(Rejection::UnreadableBody),
+        Ok(Ok(true)) => return Ok(buf.freeze()),
+        Ok(Ok(false)) => {}
     }
+    // Over the limit: drain a bounded amount, then refuse.
+    let drain = async {
+        let mut drained = 0u64;
+        while let Some(Ok(frame)) = body.frame().await {
+            drained += frame.data_ref().map_or(0, |d| d.len() as u64);
+            if drained > DRAIN_LIMIT {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(DRAIN_TIME.min(timeout), drain).await;
+    Err(too_large)
 }
 
 /// Claims the key; in wait mode, waits for an in-flight first request.
@@ -164,6 +254,7 @@ async fn claim_or_wait(
     rule: &RouteRule,
     id: &RecordId,
     fingerprint: Fingerprint,
+    legacy: &(dyn Fn() -> Fingerprint + Sync),
 ) -> Result<Lease, Response<Body>> {
     let policy = &rule.policy;
     let deadline = match policy.concurrency() {
@@ -174,10 +265,12 @@ async fn claim_or_wait(
     loop {
         // Subscribe before claiming, so a finish between the claim and the
         // wait is not missed.
-        let notify = deadline.map(|_| shared.waiters.subscribe(id));
+        let subscription = deadline.map(|_| shared.waiters.subscribe(id));
         // Enabled now, so a `notify_waiters` between the claim and the wait
         // below still wakes this waiter.
-        let mut notified = notify.as_ref().map(|n| Box::pin(n.notified()));
+        let mut notified = subscription
+            .as_ref()
+            .map(|s| Box::pin(s.notify().notified()));
         if let Some(n) = notified.as_mut() {
             n.as_mut().enable();
         }
@@ -188,15 +281,25 @@ async fn claim_or_wait(
             lease: policy.lease(),
             ttl: policy.ttl(),
         };
-        let claim = match timed("claim", shared.store.claim(&req)).await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(key = %id.key.log_id(), error = %e, "store unavailable; refusing to execute");
-                return Err(reject(Rejection::StoreUnavailable {
-                    retry_after: shared.unavailable_retry_after,
-                }));
-            }
+        let unavailable = |e: StoreError| {
+            tracing::warn!(key = %id.key.log_id(), error = %e, "store unavailable; refusing to execute");
+            reject(Rejection::StoreUnavailable {
+                retry_after: shared.unavailable_retry_after,
+            })
         };
+        let mut claim = store_call(shared, "claim", shared.store.claim(&req))
+            .await
+            .map_err(unavailable)?;
+        if let Claim::Mismatch { .. } = claim {
+            // A record written before fingerprint version 2 is compared the
+            // way it was written, so its retries keep replaying.
+            let record = store_call(shared, "get", shared.store.get(id, req.now))
+                .await
+                .map_err(unavailable)?;
+            if let Some(as_before) = record.and_then(|r| legacy_claim(r, legacy)) {
+                claim = as_before;
+            }
+        }
         match claim {
             Claim::Acquired(lease) => {
                 if lease.takeover {
@@ -239,6 +342,22 @@ async fn claim_or_wait(
     }
 }
 
+/// What a claim answers for a record written under fingerprint version 1
+/// whose fingerprint equals the request's version-1 fingerprint; `None`
+/// for any other record (a real mismatch).
+fn legacy_claim(record: Record, legacy: &(dyn Fn() -> Fingerprint + Sync)) -> Option<Claim> {
+    if record.fingerprint.version() != 1 || record.fingerprint != legacy() {
+        return None;
+    }
+    Some(match record.status {
+        Status::InProgress => Claim::InFlight {
+            lease_until: record.lease_until.unwrap_or_default(),
+            expires_at: record.expires_at,
+        },
+        Status::Completed | Status::Failed => Claim::Replay(Box::new(record)),
+    })
+}
+
 /// Runs the handler's future to the end and settles the record.
 async fn execute<E>(
     shared: Arc<Shared>,
@@ -255,6 +374,9 @@ async fn execute<E>(
         r = AssertUnwindSafe(call).catch_unwind() => Some(r),
     };
     let response = match outcome {
+        None if shared.hold_unknown_outcomes => {
+            return Ok(hold(&shared, &id, lease, token, Rejection::ShuttingDown));
+        }
         None => return Ok(abandon(&shared, &id, lease, token, Rejection::ShuttingDown).await),
         Some(Err(_panic)) => {
             tracing::error!(key = %id.key.log_id(), "handler panicked; claim released");
@@ -267,16 +389,52 @@ async fn execute<E>(
         Some(Ok(Ok(response))) => response,
     };
     let (mut parts, body) = response.into_parts();
-    let Ok(collected) = body.collect().await else {
-        tracing::error!(key = %id.key.log_id(), "handler's response body failed; claim released");
-        return Ok(abandon(&shared, &id, lease, token, Rejection::HandlerFailed).await);
+    if parts.extensions.get::<OutcomeUnknown>().is_some() {
+        tracing::warn!(key = %id.key.log_id(), "outcome unknown; the claim is held until its lease ends");
+        set_expires(&mut parts.headers, lease.expires_at);
+        held(&shared, &id, token);
+        return Ok(Response::from_parts(parts, body));
+    }
+    let body = match read_response(body, shared.response_limit).await {
+        ResponseBody::Whole(bytes) => bytes,
+        ResponseBody::TooLarge(streamed) => {
+            // Executed, but too large to keep: the client still gets it
+            // whole, and a retry learns from the record what happened.
+            let outcome = if ctx.is_completed() {
+                Outcome::Executed
+            } else {
+                let placeholder = not_stored(parts.status, shared.response_limit);
+                let completion = match rule.policy.disposition(parts.status.as_u16()) {
+                    Disposition::Release => None,
+                    Disposition::Fail => Some(Completion::failed(placeholder)),
+                    Disposition::Complete => Some(Completion::completed(placeholder)),
+                };
+                match completion {
+                    Some(c) => complete(&shared, &id, lease, c).await,
+                    None => {
+                        release(&shared, &id, lease).await;
+                        Outcome::Released
+                    }
+                }
+            };
+            finish(&shared, &id, token, outcome);
+            set_expires(&mut parts.headers, lease.expires_at);
+            return Ok(Response::from_parts(parts, streamed));
+        }
+        ResponseBody::Failed if shared.hold_unknown_outcomes => {
+            tracing::error!(key = %id.key.log_id(), "response body failed; the claim is held until its lease ends");
+            return Ok(hold(&shared, &id, lease, token, Rejection::OutcomeUnknown));
+        }
+        ResponseBody::Failed => {
+            tracing::error!(key = %id.key.log_id(), "handler's response body failed; claim released");
+            return Ok(abandon(&shared, &id, lease, token, Rejection::HandlerFailed).await);
+        }
     };
-    let bytes = collected.to_bytes();
 
     let outcome = if ctx.is_completed() {
         Outcome::Executed
     } else {
-        let stored = || to_stored(parts.status, &parts.headers, &bytes, &rule.extra_headers);
+        let stored = || to_stored(parts.status, &parts.headers, &body, &rule.extra_headers);
         match rule.policy.disposition(parts.status.as_u16()) {
             Disposition::Complete => {
                 complete(&shared, &id, lease, Completion::completed(stored())).await
@@ -288,20 +446,102 @@ async fn execute<E>(
             }
         }
     };
-    shared.waiters.wake(&id);
+    finish(&shared, &id, token, outcome);
+    set_expires(&mut parts.headers, lease.expires_at);
+    Ok(Response::from_parts(parts, full(body)))
+}
+
+fn finish(shared: &Shared, id: &RecordId, token: u64, outcome: Outcome) {
+    shared.waiters.wake(id);
     shared.in_progress.end(token);
     count(outcome);
-    set_expires(&mut parts.headers, lease.expires_at);
-    Ok(Response::from_parts(parts, full(bytes)))
+}
+
+/// A handler's response body, read up to the layer's response limit.
+enum ResponseBody {
+    /// All of it.
+    Whole(Bytes),
+    /// Over the limit: what was read, followed by the rest, still to stream.
+    TooLarge(Body),
+    /// The body failed (or stalled past a deadline the service set).
+    Failed,
+}
+
+async fn read_response(mut body: Body, limit: usize) -> ResponseBody {
+    let mut chunks: Vec<Bytes> = Vec::new();
+    let mut total = 0usize;
+    while let Some(frame) = body.frame().await {
+        let Ok(frame) = frame else {
+            return ResponseBody::Failed;
+        };
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers are not stored
+        };
+        total += data.len();
+        chunks.push(data);
+        if total > limit {
+            let read = futures_util::stream::iter(
+                chunks
+                    .into_iter()
+                    .map(|c| Ok::<_, BoxError>(http_body::Frame::data(c))),
+            );
+            let rest = BodyStream::new(body);
+            return ResponseBody::TooLarge(StreamBody::new(read.chain(rest)).boxed_unsync());
+        }
+    }
+    ResponseBody::Whole(match chunks.len() {
+        0 => Bytes::new(),
+        1 => chunks.swap_remove(0),
+        _ => chunks.concat().into(),
+    })
+}
+
+/// What a record keeps for a response too large to store: the original
+/// status, and a problem document saying the request was executed and
+/// where its record can be read.
+fn not_stored(status: StatusCode, limit: usize) -> StoredResponse {
+    let body = serde_json::json!({
+        "type": "urn:idem:problem:response-not-stored",
+        "title": "Response too large to replay",
+        "status": status.as_u16(),
+        "detail": format!(
+            "The request with this key was executed once; its response was over the replay limit of {limit} bytes and was not kept. Do not send it again as a new request: read GET /_idem/records/{{key}} for its status and resource id."
+        ),
+    });
+    StoredResponse {
+        status: status.as_u16(),
+        headers: vec![(
+            header::CONTENT_TYPE.as_str().to_owned(),
+            b"application/problem+json".to_vec(),
+        )],
+        body: body.to_string().into_bytes(),
+    }
+}
+
+fn held(shared: &Shared, id: &RecordId, token: u64) {
+    finish(shared, id, token, Outcome::Held);
+}
+
+/// Leaves the claim held until its lease ends (the outcome is unknown) and
+/// answers with `rejection`.
+fn hold(
+    shared: &Shared,
+    id: &RecordId,
+    lease: Lease,
+    token: u64,
+    rejection: Rejection,
+) -> Response<Body> {
+    held(shared, id, token);
+    let mut response = rejection.into_response();
+    set_expires(response.headers_mut(), lease.expires_at);
+    response
 }
 
 /// Releases the claim of an execution that produced no storable result,
 /// and wakes its waiters.
 async fn settle_release(shared: &Shared, id: &RecordId, lease: Lease, token: u64) {
     release(shared, id, lease).await;
-    shared.waiters.wake(id);
-    shared.in_progress.end(token);
-    count(Outcome::Released);
+    finish(shared, id, token, Outcome::Released);
 }
 
 /// As [`settle_release`], answering with `rejection`.
@@ -322,9 +562,19 @@ async fn abandon(
 /// must not turn a finished execution into a duplicate.
 const SETTLE_ATTEMPTS: u32 = 3;
 
+/// Stores the result. A store that fails is retried (100 ms doubling to
+/// 1 s) for as long as the lease runs, so the record is durable before the
+/// response leaves whenever the store comes back in time; the answer waits
+/// for it. If the lease ends first, the client still gets the response (the
+/// effect happened, and a client with its answer has no reason to retry),
+/// and the record stays in progress until recovery.
 async fn complete(shared: &Shared, id: &RecordId, lease: Lease, completion: Completion) -> Outcome {
-    for attempt in 1..=SETTLE_ATTEMPTS {
-        match timed(
+    let mut backoff = Duration::from_millis(100);
+    let mut attempt = 0u32;
+    loop {
+        attempt += 1;
+        match store_call(
+            shared,
             "complete",
             shared
                 .store
@@ -338,21 +588,24 @@ async fn complete(shared: &Shared, id: &RecordId, lease: Lease, completion: Comp
                 tracing::warn!(key = %id.key.log_id(), "lease lost before completion; result not stored");
                 return Outcome::Executed;
             }
-            Err(e) if attempt < SETTLE_ATTEMPTS => {
+            Err(e) if Timestamp::now() + backoff < lease.lease_until => {
                 tracing::warn!(key = %id.key.log_id(), error = %e, attempt, "completion failed; retrying");
-                tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
             }
             Err(e) => {
-                tracing::error!(key = %id.key.log_id(), error = %e, "completion failed; the record stays in progress until its lease ends");
+                ::metrics::counter!(metrics::UNRECORDED).increment(1);
+                tracing::error!(key = %id.key.log_id(), error = %e, attempt, "completion failed until the lease ended; the record stays in progress until recovery");
+                return Outcome::Executed;
             }
         }
     }
-    Outcome::Executed
 }
 
 async fn release(shared: &Shared, id: &RecordId, lease: Lease) {
     for attempt in 1..=SETTLE_ATTEMPTS {
-        match timed(
+        match store_call(
+            shared,
             "release",
             shared.store.release(id, lease.fence, Timestamp::now()),
         )

@@ -24,6 +24,11 @@ pub(crate) struct Shared {
     pub(crate) key_policy: KeyPolicy,
     pub(crate) scope: ScopeSource,
     pub(crate) body_limit: usize,
+    pub(crate) require_scope: bool,
+    pub(crate) body_timeout: Duration,
+    pub(crate) response_limit: usize,
+    pub(crate) store_timeout: Duration,
+    pub(crate) hold_unknown_outcomes: bool,
     pub(crate) in_flight_retry_after: Duration,
     pub(crate) unavailable_retry_after: Duration,
     pub(crate) waiters: Waiters,
@@ -121,6 +126,11 @@ impl IdempotencyLayerBuilder {
                 key_policy: KeyPolicy::default(),
                 scope: ScopeSource::default(),
                 body_limit: 1024 * 1024,
+                require_scope: false,
+                body_timeout: Duration::from_secs(30),
+                response_limit: 8 * 1024 * 1024,
+                store_timeout: Duration::from_secs(5),
+                hold_unknown_outcomes: false,
                 in_flight_retry_after: Duration::from_secs(1),
                 unavailable_retry_after: Duration::from_secs(1),
                 waiters: Waiters::default(),
@@ -177,6 +187,50 @@ impl IdempotencyLayerBuilder {
         self
     }
 
+    /// Refuse keyed requests whose scope is the anonymous one (no
+    /// credential) with 401, instead of letting every such caller share one
+    /// scope. Default off.
+    pub fn require_scope(mut self, required: bool) -> Self {
+        self.shared.require_scope = required;
+        self
+    }
+
+    /// How long a keyed request's body may take to arrive (408 after,
+    /// nothing executed). Default 30 s.
+    pub fn body_timeout(mut self, d: Duration) -> Self {
+        self.shared.body_timeout = d;
+        self
+    }
+
+    /// The largest response body stored for replay. A larger response
+    /// still reaches the client whole; its record keeps the status and a
+    /// problem document (`response-not-stored`) that tells a retry the
+    /// request was executed, so a retry never executes it again. Default
+    /// 8 MiB.
+    pub fn response_limit(mut self, bytes: usize) -> Self {
+        self.shared.response_limit = bytes;
+        self
+    }
+
+    /// The deadline of every store call; past it the call counts as
+    /// unavailable (503 before execution: fail closed). Default 5 s.
+    pub fn store_timeout(mut self, d: Duration) -> Self {
+        self.shared.store_timeout = d;
+        self
+    }
+
+    /// What happens to a claim whose outcome is unknown: the execution was
+    /// cancelled by shutdown, or its response body failed half-way. `false`
+    /// (the default, right for in-process handlers, which have stopped when
+    /// cancelled): release it, so a retry executes again. `true` (right for
+    /// a proxy, whose upstream may still commit): hold it until its lease
+    /// ends. A response carrying [`OutcomeUnknown`](crate::OutcomeUnknown)
+    /// is always held.
+    pub fn hold_unknown_outcomes(mut self, hold: bool) -> Self {
+        self.shared.hold_unknown_outcomes = hold;
+        self
+    }
+
     /// `Retry-After` on 409 in flight. Default 1 s.
     pub fn in_flight_retry_after(mut self, d: Duration) -> Self {
         self.shared.in_flight_retry_after = d;
@@ -227,6 +281,12 @@ impl LayerHandle {
     /// event); call it on a timer.
     pub fn report_metrics(&self) {
         self.shared.in_progress.report();
+    }
+
+    /// How many records have requests waiting on them in this process
+    /// (wait mode). Entries live only while someone waits.
+    pub fn waiting(&self) -> usize {
+        self.shared.waiters.len()
     }
 
     /// The store the layer uses.

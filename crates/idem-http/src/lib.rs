@@ -68,12 +68,15 @@ mod wait;
 
 pub use body::{Body, BoxError, boxed, full};
 pub use context::IdempotencyContext;
-pub use flow::IDEMPOTENCY_KEY;
+pub use flow::{IDEMPOTENCY_KEY, OutcomeUnknown};
 pub use layer::{IdempotencyLayer, IdempotencyLayerBuilder, LayerHandle};
 pub use reconcile::{RecordView, ResponseView, lookup};
 pub use rejection::Rejection;
 pub use replay::{
-    DEFAULT_STORED_HEADERS, IDEMPOTENCY_KEY_EXPIRES, IDEMPOTENT_REPLAYED, stored_to_response,
+    DEFAULT_STORED_HEADERS, IDEMPOTENCY_KEY_EXPIRES, IDEMPOTENT_REPLAYED, http_date,
+    stored_to_response,
 };
-pub use rule::{KeyRequirement, PathPattern, RouteRule, ScopeSource};
+pub use rule::{
+    KeyRequirement, MAX_SCOPE_HEADER_LEN, PathPattern, RouteRule, ScopeError, ScopeFn, ScopeSource,
+};
 pub use service::{Idempotency, ResponseFuture};

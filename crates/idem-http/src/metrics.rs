@@ -28,6 +28,9 @@ pub const OLDEST: &str = "idem_in_progress_oldest_seconds";
 pub const STORE_DURATION: &str = "idem_store_duration_seconds";
 /// Completions refused for a stale fence.
 pub const STALE: &str = "idem_stale_completions_total";
+/// Executions answered whose result could not be stored before their
+/// lease ended (the store failed throughout).
+pub const UNRECORDED: &str = "idem_unrecorded_completions_total";
 
 /// How a keyed request ended, as counted in `idem_requests_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,8 +52,12 @@ pub enum Outcome {
     StoreUnavailable,
     /// The handler ran and failed transiently; the claim was released.
     Released,
-    /// 400/413: the body was unreadable or too large.
+    /// 400/408/413: the body was unreadable, too slow or too large, or the
+    /// caller could not be identified.
     InvalidRequest,
+    /// The outcome is unknown (upstream timed out or failed after the
+    /// request was sent, shutdown): the claim is held until its lease ends.
+    Held,
 }
 
 impl Outcome {
@@ -66,6 +73,7 @@ impl Outcome {
             Outcome::StoreUnavailable => "store_unavailable",
             Outcome::Released => "released",
             Outcome::InvalidRequest => "invalid_request",
+            Outcome::Held => "held",
         }
     }
 }

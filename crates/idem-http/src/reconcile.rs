@@ -45,7 +45,7 @@ impl From<&Record> for RecordView {
             operation: r.id.operation.as_str().to_owned(),
             status: r.status.as_str(),
             resource_id: r.resource_id.clone(),
-            expires_at: httpdate::fmt_http_date(r.expires_at.to_system_time()),
+            expires_at: crate::replay::http_date(r.expires_at).unwrap_or_default(),
             expires_at_ms: r.expires_at.as_millis(),
             response: r
                 .response

@@ -8,6 +8,7 @@ use idem_core::KeyError;
 
 use crate::body::{Body, full};
 use crate::metrics::Outcome;
+use crate::rule::ScopeError;
 
 /// Why the layer answered instead of the handler.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,11 +39,19 @@ pub enum Rejection {
     },
     /// 400: the body could not be read.
     UnreadableBody,
+    /// 408: the body did not arrive within the layer's body deadline.
+    BodyTimeout,
+    /// 400 (401 for a missing credential): the scope could not be derived.
+    Scope(ScopeError),
     /// 500: the handler panicked or its response body failed; the claim
     /// was released, so a retry executes again.
     HandlerFailed,
-    /// 503: the server is shutting down; the claim was released.
+    /// 503: the server is shutting down.
     ShuttingDown,
+    /// 500: whether the request took effect is unknown (its response failed
+    /// half-way, or the server stopped while it ran); the claim is held
+    /// until its lease ends, so a retry meets 409 until then.
+    OutcomeUnknown,
 }
 
 impl Rejection {
@@ -53,13 +62,18 @@ impl Rejection {
             | Rejection::RepeatedKey
             | Rejection::InvalidKey(_)
             | Rejection::UnreadableBody => StatusCode::BAD_REQUEST,
+            Rejection::Scope(ScopeError::CredentialRequired) => StatusCode::UNAUTHORIZED,
+            Rejection::Scope(_) => StatusCode::BAD_REQUEST,
+            Rejection::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Rejection::Mismatch => StatusCode::UNPROCESSABLE_ENTITY,
             Rejection::InFlight { .. } => StatusCode::CONFLICT,
             Rejection::StoreUnavailable { .. } | Rejection::ShuttingDown => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             Rejection::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Rejection::HandlerFailed => StatusCode::INTERNAL_SERVER_ERROR,
+            Rejection::HandlerFailed | Rejection::OutcomeUnknown => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
         }
     }
 
@@ -74,8 +88,14 @@ impl Rejection {
             Rejection::StoreUnavailable { .. } => "urn:idem:problem:store-unavailable",
             Rejection::BodyTooLarge { .. } => "urn:idem:problem:body-too-large",
             Rejection::UnreadableBody => "urn:idem:problem:unreadable-body",
+            Rejection::BodyTimeout => "urn:idem:problem:body-timeout",
+            Rejection::Scope(ScopeError::CredentialRequired) => {
+                "urn:idem:problem:credential-required"
+            }
+            Rejection::Scope(_) => "urn:idem:problem:invalid-scope",
             Rejection::HandlerFailed => "urn:idem:problem:handler-failed",
             Rejection::ShuttingDown => "urn:idem:problem:shutting-down",
+            Rejection::OutcomeUnknown => "urn:idem:problem:outcome-unknown",
         }
     }
 
@@ -89,8 +109,12 @@ impl Rejection {
             Rejection::StoreUnavailable { .. } => "Idempotency store unavailable",
             Rejection::BodyTooLarge { .. } => "Request body too large",
             Rejection::UnreadableBody => "Request body could not be read",
+            Rejection::BodyTimeout => "Request body too slow",
+            Rejection::Scope(ScopeError::CredentialRequired) => "Credential required",
+            Rejection::Scope(_) => "Caller could not be identified",
             Rejection::HandlerFailed => "Request failed",
             Rejection::ShuttingDown => "Server shutting down",
+            Rejection::OutcomeUnknown => "Outcome unknown",
         }
     }
 
@@ -112,11 +136,18 @@ impl Rejection {
             }
             Rejection::BodyTooLarge { limit } => format!("The body is over the limit of {limit} bytes."),
             Rejection::UnreadableBody => "The request body ended early or was malformed.".into(),
+            Rejection::BodyTimeout => {
+                "The request body did not arrive in time; nothing was executed. Retry with the same key.".into()
+            }
+            Rejection::Scope(e) => format!("{e}; nothing was executed."),
             Rejection::HandlerFailed => {
                 "The request failed and was not recorded; retrying with the same key executes it again.".into()
             }
             Rejection::ShuttingDown => {
                 "The server stopped before the request finished; retry with the same key.".into()
+            }
+            Rejection::OutcomeUnknown => {
+                "Whether the request took effect is unknown. Its key stays held until the lease ends; retry with the same key (you will get 409 until then), or read the record.".into()
             }
         }
     }
@@ -128,8 +159,12 @@ impl Rejection {
             Rejection::Mismatch => Outcome::Mismatch,
             Rejection::InFlight { .. } => Outcome::Conflict,
             Rejection::StoreUnavailable { .. } => Outcome::StoreUnavailable,
-            Rejection::BodyTooLarge { .. } | Rejection::UnreadableBody => Outcome::InvalidRequest,
+            Rejection::BodyTooLarge { .. }
+            | Rejection::UnreadableBody
+            | Rejection::BodyTimeout
+            | Rejection::Scope(_) => Outcome::InvalidRequest,
             Rejection::HandlerFailed | Rejection::ShuttingDown => Outcome::Released,
+            Rejection::OutcomeUnknown => Outcome::Held,
         }
     }
 

@@ -14,9 +14,13 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
 /// record; after it, the key is forgotten and a retry would execute again.
 pub const IDEMPOTENCY_KEY_EXPIRES: HeaderName = HeaderName::from_static("idempotency-key-expires");
 
-/// Response headers stored for replay by default (DESIGN.md section 3).
-pub const DEFAULT_STORED_HEADERS: [HeaderName; 7] = [
+/// Response headers stored for replay by default (DESIGN.md section 3),
+/// plus `Content-Encoding` and `Vary`: a compressed body replayed without
+/// its encoding is bytes the client cannot read.
+pub const DEFAULT_STORED_HEADERS: [HeaderName; 9] = [
     header::CONTENT_TYPE,
+    header::CONTENT_ENCODING,
+    header::VARY,
     header::CONTENT_LANGUAGE,
     header::CONTENT_LOCATION,
     header::LOCATION,
@@ -80,10 +84,21 @@ pub fn stored_to_response(stored: &StoredResponse) -> Response<Body> {
     response
 }
 
+/// The last instant an HTTP-date can name: 9999-12-31T23:59:59Z.
+const LAST_HTTP_DATE_MS: i64 = 253_402_300_799_000;
+
+/// `t` as an HTTP-date (RFC 9110), or `None` past the year 9999, which the
+/// format cannot write (the formatter would panic). Policies bound the ttl
+/// far below that; only a corrupt record gets here.
+pub fn http_date(t: Timestamp) -> Option<String> {
+    (0..=LAST_HTTP_DATE_MS)
+        .contains(&t.as_millis())
+        .then(|| httpdate::fmt_http_date(t.to_system_time()))
+}
+
 /// Adds `Idempotency-Key-Expires`.
 pub(crate) fn set_expires(headers: &mut HeaderMap, expires_at: Timestamp) {
-    let date = httpdate::fmt_http_date(expires_at.to_system_time());
-    if let Ok(v) = HeaderValue::from_str(&date) {
+    if let Some(v) = http_date(expires_at).and_then(|d| HeaderValue::from_str(&d).ok()) {
         headers.insert(IDEMPOTENCY_KEY_EXPIRES, v);
     }
 }
@@ -132,5 +147,14 @@ mod tests {
             "Fri, 15 Jan 2027 08:00:00 GMT"
         );
         assert!(r.headers().get(header::SET_COOKIE).is_none());
+    }
+
+    #[test]
+    fn expiry_past_the_year_9999_is_left_out_not_a_panic() {
+        let mut h = HeaderMap::new();
+        set_expires(&mut h, Timestamp::from_millis(i64::MAX));
+        assert!(h.get(IDEMPOTENCY_KEY_EXPIRES).is_none());
+        set_expires(&mut h, Timestamp::from_millis(LAST_HTTP_DATE_MS));
+        assert_eq!(h[IDEMPOTENCY_KEY_EXPIRES], "Fri, 31 Dec 9999 23:59:59 GMT");
     }
 }

@@ -19,9 +19,10 @@ pub enum KeyRequirement {
 
 /// A path pattern: literal segments, `{name}` for any one segment, and a
 /// final `*` for any rest. `/accounts/{id}/transfers` matches
-/// `/accounts/7/transfers`. The pattern (not the path) names the operation,
-/// so one key on `/accounts/7/transfers` and `/accounts/8/transfers` are two
-/// operations only if the rule says so: use the literal path for that.
+/// `/accounts/7/transfers`. The pattern (not the path) names the operation;
+/// the actual path is bound by the fingerprint, so one key sent to
+/// `/accounts/7/transfers` and then to `/accounts/8/transfers` is refused
+/// (422), never replayed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PathPattern {
     raw: String,
@@ -167,8 +168,14 @@ impl RouteRule {
         self
     }
 
-    pub(crate) fn matches(&self, method: &Method, path: &str) -> bool {
+    /// Whether a request with `method` on `path` falls under this rule.
+    pub fn matches(&self, method: &Method, path: &str) -> bool {
         self.methods.contains(method) && self.path.matches(path)
+    }
+
+    /// The operation a request with `method` under this rule belongs to.
+    pub fn operation(&self, method: &Method) -> Operation {
+        Operation::new(method.as_str(), self.path.as_str())
     }
 
     /// The operations this rule names, one per method (`POST /transfers`).
@@ -180,18 +187,53 @@ impl RouteRule {
 }
 
 /// Where a request's scope comes from: whose records it may see.
+///
+/// Two callers must never share a scope by accident: a header that is
+/// named as the scope's source must be present exactly once and hold a
+/// plausible value, or the request is refused ([`ScopeError`]); it never
+/// falls back to the anonymous scope.
 #[derive(Clone, Default)]
 #[non_exhaustive]
 pub enum ScopeSource {
-    /// A SHA-256 of the `Authorization` header; anonymous without one.
-    /// The default.
+    /// A SHA-256 of the `Authorization` header; the anonymous scope without
+    /// one (unless the layer requires a scope). A repeated `Authorization`
+    /// is refused. The default.
     #[default]
     Authorization,
-    /// A tenant named by this header (set by a trusted proxy); anonymous
-    /// without one.
+    /// A tenant or principal named by this header, set by a trusted proxy in
+    /// front of the service: its raw bytes are hashed. Missing, repeated,
+    /// empty or oversized: refused.
     Header(HeaderName),
+    /// Several such headers together (a tenant and a user within it, say),
+    /// each under the same rules.
+    Headers(Vec<HeaderName>),
     /// Your own function of the request head.
-    Custom(Arc<dyn Fn(&Parts) -> Scope + Send + Sync>),
+    Custom(Arc<ScopeFn>),
+}
+
+/// A function that derives a request's scope.
+pub type ScopeFn = dyn Fn(&Parts) -> Result<Scope, ScopeError> + Send + Sync;
+
+/// The longest value a scope header may hold, in bytes.
+pub const MAX_SCOPE_HEADER_LEN: usize = 1024;
+
+/// Why a request's scope could not be derived (400, or 401 when no
+/// credential was given where one is required).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ScopeError {
+    /// The header that names the scope is absent.
+    #[error("the {0} header is required")]
+    Missing(HeaderName),
+    /// The header that names the scope appears more than once.
+    #[error("send exactly one {0} header")]
+    Repeated(HeaderName),
+    /// The header is empty, has control characters, or is too long.
+    #[error("the {0} header must be 1 to 1024 bytes without control characters")]
+    Invalid(HeaderName),
+    /// No credential, and the layer does not serve anonymous callers.
+    #[error("this operation needs a credential (Authorization)")]
+    CredentialRequired,
 }
 
 impl fmt::Debug for ScopeSource {
@@ -199,24 +241,54 @@ impl fmt::Debug for ScopeSource {
         match self {
             ScopeSource::Authorization => f.write_str("Authorization"),
             ScopeSource::Header(h) => write!(f, "Header({h})"),
+            ScopeSource::Headers(h) => write!(f, "Headers({h:?})"),
             ScopeSource::Custom(_) => f.write_str("Custom(..)"),
         }
     }
 }
 
+/// The one value of `name`, checked.
+fn single<'a>(headers: &'a http::HeaderMap, name: &HeaderName) -> Result<&'a [u8], ScopeError> {
+    let mut values = headers.get_all(name).iter();
+    let value = match (values.next(), values.next()) {
+        (None, _) => return Err(ScopeError::Missing(name.clone())),
+        (Some(_), Some(_)) => return Err(ScopeError::Repeated(name.clone())),
+        (Some(v), None) => v.as_bytes(),
+    };
+    let plausible = !value.is_empty()
+        && value.len() <= MAX_SCOPE_HEADER_LEN
+        && !value.iter().any(|b| b.is_ascii_control());
+    if plausible {
+        Ok(value)
+    } else {
+        Err(ScopeError::Invalid(name.clone()))
+    }
+}
+
 impl ScopeSource {
     /// The scope of a request, as the layer derives it.
-    pub fn scope_of(&self, parts: &Parts) -> Scope {
+    ///
+    /// # Errors
+    /// [`ScopeError`] when a header that names the scope is missing,
+    /// repeated or invalid.
+    pub fn scope_of(&self, parts: &Parts) -> Result<Scope, ScopeError> {
         match self {
-            ScopeSource::Authorization => parts
-                .headers
-                .get(http::header::AUTHORIZATION)
-                .map_or_else(Scope::anonymous, |v| Scope::from_credential(v.as_bytes())),
-            ScopeSource::Header(name) => parts
-                .headers
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map_or_else(Scope::anonymous, Scope::from_tenant),
+            ScopeSource::Authorization => {
+                let name = http::header::AUTHORIZATION;
+                if parts.headers.contains_key(&name) {
+                    single(&parts.headers, &name).map(Scope::from_credential)
+                } else {
+                    Ok(Scope::anonymous())
+                }
+            }
+            ScopeSource::Header(name) => single(&parts.headers, name).map(Scope::from_tenant),
+            ScopeSource::Headers(names) => {
+                let values = names
+                    .iter()
+                    .map(|n| single(&parts.headers, n))
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(Scope::from_parts(&values))
+            }
             ScopeSource::Custom(f) => f(parts),
         }
     }
@@ -247,5 +319,71 @@ mod tests {
         assert!(r.matches(&Method::POST, "/t"));
         assert!(r.matches(&Method::PUT, "/t"));
         assert!(!r.matches(&Method::GET, "/t"));
+    }
+
+    fn parts(headers: &[(&str, &[u8])]) -> Parts {
+        let mut b = http::Request::builder();
+        for (n, v) in headers {
+            b = b.header(*n, *v);
+        }
+        b.body(()).unwrap().into_parts().0
+    }
+
+    #[test]
+    fn scope_headers_never_fall_back_to_a_shared_scope() {
+        let tenant = ScopeSource::Header(HeaderName::from_static("x-tenant"));
+        let cafe = tenant
+            .scope_of(&parts(&[("x-tenant", "café".as_bytes())]))
+            .unwrap();
+        let caf = tenant.scope_of(&parts(&[("x-tenant", b"caf")])).unwrap();
+        assert_ne!(cafe, caf);
+        assert_ne!(cafe, Scope::anonymous());
+        assert!(matches!(
+            tenant.scope_of(&parts(&[])),
+            Err(ScopeError::Missing(_))
+        ));
+        assert!(matches!(
+            tenant.scope_of(&parts(&[("x-tenant", b"a"), ("x-tenant", b"b")])),
+            Err(ScopeError::Repeated(_))
+        ));
+        assert!(matches!(
+            tenant.scope_of(&parts(&[("x-tenant", b"")])),
+            Err(ScopeError::Invalid(_))
+        ));
+        assert!(matches!(
+            tenant.scope_of(&parts(&[("x-tenant", b"a\tb")])),
+            Err(ScopeError::Invalid(_))
+        ));
+        let long = vec![b'a'; MAX_SCOPE_HEADER_LEN + 1];
+        assert!(matches!(
+            tenant.scope_of(&parts(&[("x-tenant", &long)])),
+            Err(ScopeError::Invalid(_))
+        ));
+
+        let auth = ScopeSource::Authorization;
+        assert_eq!(auth.scope_of(&parts(&[])).unwrap(), Scope::anonymous());
+        assert!(matches!(
+            auth.scope_of(&parts(&[
+                ("authorization", b"Bearer a"),
+                ("authorization", b"Bearer b")
+            ])),
+            Err(ScopeError::Repeated(_))
+        ));
+
+        let both = ScopeSource::Headers(vec![
+            HeaderName::from_static("x-tenant"),
+            HeaderName::from_static("x-user"),
+        ]);
+        let a = both
+            .scope_of(&parts(&[("x-tenant", b"t1"), ("x-user", b"u")]))
+            .unwrap();
+        let b = both
+            .scope_of(&parts(&[("x-tenant", b"t2"), ("x-user", b"u")]))
+            .unwrap();
+        assert_ne!(a, b);
+        assert!(matches!(
+            both.scope_of(&parts(&[("x-tenant", b"t1")])),
+            Err(ScopeError::Missing(_))
+        ));
     }
 }

@@ -19,7 +19,7 @@ pub(crate) struct Cli {
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
     /// Run the gateway in front of an HTTP service.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Run the whole system under injected faults and check one effect per intent.
     Demo(DemoArgs),
     /// Inspect or purge idempotency records.
@@ -37,13 +37,23 @@ Idempotency-Key policy:
                    request's credential and never a JWT. One key names one
                    intent: send it unchanged on every retry.
   Scope:           keys are per credential (a hash of Authorization), or per
-                   --tenant-header value. Tenants never see each other's keys.
+                   --tenant-header / --scope-header value (raw bytes hashed;
+                   missing, repeated or empty: 400). Callers never see each
+                   other's keys. A token refresh changes the Authorization
+                   scope: use --scope-header behind an auth proxy to keep it.
+  Fingerprint:     the method, the actual path, the query string and the
+                   body (JSON compared by value, numbers exactly).
   What is kept:    the first response for --ttl (24h by default): its status,
                    body and allowlisted headers (Content-Type, Location, ETag,
                    ...; never Set-Cookie). 2xx/3xx and 4xx other than
                    408/409/425/429 are replayed with Idempotent-Replayed: true.
-                   5xx, 408, 429, 502 and 504 (upstream down or slow) release
-                   the key: a retry is forwarded again.
+                   The upstream's own 5xx, 408 and 429 release the key: a
+                   retry is forwarded again. If the upstream cannot be
+                   reached, nothing was sent and the key is released too.
+  Unknown outcome: if the upstream times out (504) or the connection fails
+                   after the request was sent (502), or the gateway stops
+                   mid-request, the key stays held until its lease ends
+                   (409 until then): the upstream may still commit.
   Duplicates:      a retry while the first is running gets 409 with
                    Retry-After, or with --wait waits for the first and
                    replays it. The same key with a different body gets 422.
@@ -56,11 +66,13 @@ Idempotency-Key policy:
                    forwarded again: only the library's atomic mode, inside
                    the service, makes effects exactly once.
 
-Read your own record: GET /_idem/records/KEY (same credential; add
-?method=POST&path=/transfers when more than one route is protected).
+Read your own record: GET /_idem/records/KEY with the same credential (or
+scope headers); add ?method=POST&path=/transfers/7 to pick one operation
+when the key was used on several. Records of the anonymous scope are not
+served there unless --anonymous-reads.
 Admin listener: /metrics (Prometheus), /healthz, /readyz.";
 
-#[derive(Debug, Args)]
+#[derive(Debug, Default, Args)]
 #[command(after_long_help = SERVE_HELP)]
 pub(crate) struct ServeArgs {
     /// The service to protect, e.g. http://127.0.0.1:3000.
@@ -95,9 +107,50 @@ pub(crate) struct ServeArgs {
     /// Shortest key accepted [default: 16].
     #[arg(long, env = "IDEM_MIN_KEY_LEN")]
     pub(crate) min_key_len: Option<usize>,
-    /// Scope keys by this header instead of by Authorization.
+    /// Scope keys by this header (a tenant set by a trusted proxy) instead
+    /// of by Authorization. Missing, repeated or empty: 400.
     #[arg(long, env = "IDEM_TENANT_HEADER")]
     pub(crate) tenant_header: Option<String>,
+    /// Scope keys by this header (a stable principal, such as a user id,
+    /// set by a trusted auth proxy), so a retry after a token refresh finds
+    /// its record. With --tenant-header, both together name the scope.
+    #[arg(long, env = "IDEM_SCOPE_HEADER")]
+    pub(crate) scope_header: Option<String>,
+    /// Refuse keyed requests without a credential (401) instead of putting
+    /// them all in one shared anonymous scope.
+    #[arg(long, env = "IDEM_REQUIRE_SCOPE")]
+    pub(crate) require_scope: bool,
+    /// Serve the anonymous scope's records on the read path (anyone without
+    /// a credential could read them). Off by default.
+    #[arg(long, env = "IDEM_ANONYMOUS_READS")]
+    pub(crate) anonymous_reads: bool,
+    /// Keep the client's Forwarded and X-Forwarded-* headers and append to
+    /// them; only when a trusted proxy is the gateway's only client. By
+    /// default they are replaced by the gateway's own.
+    #[arg(long, env = "IDEM_TRUST_FORWARDED")]
+    pub(crate) trust_forwarded: bool,
+    /// Largest upstream response stored for replay [default: 8MiB]. Larger
+    /// answers still reach the client; a retry is told to read the record.
+    #[arg(long, env = "IDEM_MAX_RESPONSE")]
+    pub(crate) max_response: Option<String>,
+    /// How long a client may take to send its request headers; also how
+    /// long an idle connection is kept [default: 10s].
+    #[arg(long, env = "IDEM_HEADER_TIMEOUT")]
+    pub(crate) header_timeout: Option<String>,
+    /// How long a keyed request's body may take to arrive, and how long a
+    /// client may stop reading an answer before its connection is closed
+    /// [default: 30s].
+    #[arg(long, env = "IDEM_BODY_TIMEOUT")]
+    pub(crate) body_timeout: Option<String>,
+    /// Most client connections open at once; more wait to be accepted
+    /// [default: 1024].
+    #[arg(long, env = "IDEM_MAX_CONNECTIONS")]
+    pub(crate) max_connections: Option<usize>,
+    /// Deadline of each store call; past it the request gets 503
+    /// [default: 2s]. --upstream-timeout plus this must stay below every
+    /// lease.
+    #[arg(long, env = "IDEM_STORE_TIMEOUT")]
+    pub(crate) store_timeout: Option<String>,
     /// How long to wait for the upstream's answer [default: 25s].
     #[arg(long, env = "IDEM_UPSTREAM_TIMEOUT")]
     pub(crate) upstream_timeout: Option<String>,
@@ -149,17 +202,19 @@ pub(crate) enum RecordsCommand {
         /// The store URL.
         #[arg(long, env = "IDEM_STORE")]
         store: String,
-        /// The tenant (as --tenant-header would give it).
+        /// The tenant (as --tenant-header would give it). Give it twice,
+        /// tenant then principal, for a gateway that has both
+        /// --tenant-header and --scope-header.
         #[arg(long, conflicts_with = "credential")]
-        tenant: Option<String>,
+        tenant: Vec<String>,
         /// The full Authorization value the client used.
         #[arg(long)]
         credential: Option<String>,
         /// The operation's method.
         #[arg(long, default_value = "POST")]
         method: String,
-        /// The operation's path (or route pattern). Without it, every
-        /// [[route]] of --config is tried.
+        /// The operation's path (or route pattern). Without it or --config,
+        /// the newest record with this key in the scope is shown.
         #[arg(long)]
         path: Option<String>,
         /// The gateway's TOML config, whose routes name the operations.

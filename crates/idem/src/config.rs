@@ -29,6 +29,15 @@ pub(crate) struct FileConfig {
     max_body: Option<String>,
     min_key_len: Option<usize>,
     tenant_header: Option<String>,
+    scope_header: Option<String>,
+    require_scope: Option<bool>,
+    anonymous_reads: Option<bool>,
+    trust_forwarded: Option<bool>,
+    max_response: Option<String>,
+    header_timeout: Option<String>,
+    body_timeout: Option<String>,
+    max_connections: Option<usize>,
+    store_timeout: Option<String>,
     upstream_timeout: Option<String>,
     shutdown_grace: Option<String>,
     sweep_interval: Option<String>,
@@ -60,7 +69,12 @@ impl FileConfig {
     pub(crate) fn load(path: &Path) -> anyhow::Result<FileConfig> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read config file {}", path.display()))?;
-        toml::from_str(&text).with_context(|| format!("invalid config file {}", path.display()))
+        FileConfig::parse(&text).with_context(|| format!("invalid config file {}", path.display()))
+    }
+
+    /// Parses a config file's text.
+    pub(crate) fn parse(text: &str) -> anyhow::Result<FileConfig> {
+        Ok(toml::from_str(text)?)
     }
 }
 
@@ -75,7 +89,15 @@ pub(crate) struct GatewayConfig {
     pub(crate) routes: Vec<RouteRule>,
     pub(crate) max_body: usize,
     pub(crate) key_policy: KeyPolicy,
-    pub(crate) tenant_header: Option<HeaderName>,
+    pub(crate) scope_headers: Vec<HeaderName>,
+    pub(crate) require_scope: bool,
+    pub(crate) anonymous_reads: bool,
+    pub(crate) trust_forwarded: bool,
+    pub(crate) max_response: usize,
+    pub(crate) header_timeout: Duration,
+    pub(crate) body_timeout: Duration,
+    pub(crate) max_connections: usize,
+    pub(crate) store_timeout: Duration,
     pub(crate) upstream_timeout: Duration,
     pub(crate) shutdown_grace: Duration,
     pub(crate) sweep_interval: Duration,
@@ -99,6 +121,45 @@ fn opt_duration(v: Option<&String>, name: &str) -> anyhow::Result<Option<Duratio
         .transpose()
 }
 
+/// A duration setting: parsed, defaulted, and checked against its bounds.
+fn bounded_duration(
+    v: Option<&String>,
+    name: &str,
+    default: Duration,
+    min: Duration,
+    max: Duration,
+) -> anyhow::Result<Duration> {
+    let d = opt_duration(v, name)?.unwrap_or(default);
+    if d < min || d > max {
+        bail!("--{name} must be between {min:?} and {max:?}, not {d:?}");
+    }
+    Ok(d)
+}
+
+/// The largest body or response size accepted in the configuration.
+const MAX_SIZE: usize = 256 << 20;
+
+/// A size setting: parsed, defaulted, at most [`MAX_SIZE`].
+fn bounded_size(v: Option<&String>, name: &str, default: usize) -> anyhow::Result<usize> {
+    let n = v
+        .map(|t| size(t))
+        .transpose()
+        .with_context(|| format!("--{name}"))?
+        .unwrap_or(default);
+    if n > MAX_SIZE {
+        bail!("--{name} must be at most 256MiB, not {n} bytes");
+    }
+    Ok(n)
+}
+
+fn header_name(v: Option<String>, flag: &str) -> anyhow::Result<Option<HeaderName>> {
+    v.map(|h| {
+        HeaderName::try_from(h.as_str())
+            .with_context(|| format!("--{flag} {h:?} is not a header name"))
+    })
+    .transpose()
+}
+
 impl GatewayConfig {
     /// Merges and validates.
     pub(crate) fn from_args(args: &ServeArgs) -> anyhow::Result<GatewayConfig> {
@@ -106,6 +167,11 @@ impl GatewayConfig {
             Some(p) => FileConfig::load(p)?,
             None => FileConfig::default(),
         };
+        GatewayConfig::from_file(args, &file)
+    }
+
+    /// Merges flags over a parsed file, and validates.
+    pub(crate) fn from_file(args: &ServeArgs, file: &FileConfig) -> anyhow::Result<GatewayConfig> {
         let pick =
             |flag: &Option<String>, file: &Option<String>| flag.clone().or_else(|| file.clone());
 
@@ -124,32 +190,66 @@ impl GatewayConfig {
         let lease = opt_duration(pick(&args.lease, &file.lease).as_ref(), "lease")?
             .unwrap_or(Duration::from_secs(30));
         let wait = opt_duration(pick(&args.wait, &file.wait).as_ref(), "wait")?;
-        let upstream_timeout = opt_duration(
+        let upstream_timeout = bounded_duration(
             pick(&args.upstream_timeout, &file.upstream_timeout).as_ref(),
             "upstream-timeout",
-        )?
-        .unwrap_or(Duration::from_secs(25));
-        if upstream_timeout >= lease {
+            Duration::from_secs(25),
+            Duration::from_millis(1),
+            Duration::from_secs(3600),
+        )?;
+        let store_timeout = bounded_duration(
+            pick(&args.store_timeout, &file.store_timeout).as_ref(),
+            "store-timeout",
+            Duration::from_secs(2),
+            Duration::from_millis(10),
+            Duration::from_secs(60),
+        )?;
+        // The lease must cover the forwarded request and the completion
+        // that stores its answer; a lease that ends first lets a retry be
+        // forwarded beside the first execution.
+        let held = upstream_timeout + store_timeout;
+        if held >= lease {
             bail!(
-                "--upstream-timeout ({upstream_timeout:?}) must be shorter than --lease ({lease:?}): a request still running when its lease ends could be forwarded twice"
+                "--upstream-timeout ({upstream_timeout:?}) plus --store-timeout ({store_timeout:?}) must be shorter than --lease ({lease:?}): a request still running when its lease ends could be forwarded twice"
             );
         }
         let default_policy = policy(ttl, lease, wait, "--ttl/--lease/--wait")?;
-        let max_body = pick(&args.max_body, &file.max_body)
-            .map(|s| size(&s))
-            .transpose()
-            .context("--max-body")?
-            .unwrap_or(1 << 20);
+        let max_body = bounded_size(
+            pick(&args.max_body, &file.max_body).as_ref(),
+            "max-body",
+            1 << 20,
+        )?;
+        let max_response = bounded_size(
+            pick(&args.max_response, &file.max_response).as_ref(),
+            "max-response",
+            8 << 20,
+        )?;
+        let max_connections = args
+            .max_connections
+            .or(file.max_connections)
+            .unwrap_or(1024);
+        if !(1..=1_000_000).contains(&max_connections) {
+            bail!("--max-connections must be between 1 and 1000000, not {max_connections}");
+        }
         let min_key_len = args.min_key_len.or(file.min_key_len).unwrap_or(16);
         if !(1..=255).contains(&min_key_len) {
             bail!("--min-key-len must be between 1 and 255, not {min_key_len}");
         }
-        let tenant_header = pick(&args.tenant_header, &file.tenant_header)
-            .map(|h| {
-                HeaderName::try_from(h.as_str())
-                    .with_context(|| format!("--tenant-header {h:?} is not a header name"))
-            })
-            .transpose()?;
+        let scope_headers: Vec<HeaderName> = [
+            header_name(
+                pick(&args.tenant_header, &file.tenant_header),
+                "tenant-header",
+            )?,
+            header_name(pick(&args.scope_header, &file.scope_header), "scope-header")?,
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if let [a, b] = &scope_headers[..]
+            && a == b
+        {
+            bail!("--tenant-header and --scope-header name the same header {a}");
+        }
 
         let mut routes = Vec::new();
         for (i, r) in file.routes.iter().enumerate() {
@@ -175,6 +275,11 @@ impl GatewayConfig {
             let r_wait = opt_duration(r.wait.as_ref(), "wait")
                 .with_context(|| what.clone())?
                 .or(wait);
+            if held >= r_lease {
+                bail!(
+                    "{what}: lease ({r_lease:?}) must be longer than --upstream-timeout ({upstream_timeout:?}) plus --store-timeout ({store_timeout:?}): a request still running when its lease ends could be forwarded twice"
+                );
+            }
             let mut rule = RouteRule::new(methods[0].clone(), &r.path)
                 .policy(policy(r_ttl, r_lease, r_wait, &what)?);
             for m in &methods[1..] {
@@ -202,7 +307,9 @@ impl GatewayConfig {
                 );
             }
             if let Some(b) = &r.max_body {
-                rule = rule.body_limit(size(b).with_context(|| what.clone())?);
+                rule = rule.body_limit(
+                    bounded_size(Some(b), "max-body", max_body).with_context(|| what.clone())?,
+                );
             }
             routes.push(rule);
         }
@@ -217,19 +324,42 @@ impl GatewayConfig {
             routes,
             max_body,
             key_policy: KeyPolicy::default().min_len(min_key_len),
-            tenant_header,
+            scope_headers,
+            require_scope: args.require_scope || file.require_scope.unwrap_or(false),
+            anonymous_reads: args.anonymous_reads || file.anonymous_reads.unwrap_or(false),
+            trust_forwarded: args.trust_forwarded || file.trust_forwarded.unwrap_or(false),
+            max_response,
+            header_timeout: bounded_duration(
+                pick(&args.header_timeout, &file.header_timeout).as_ref(),
+                "header-timeout",
+                Duration::from_secs(10),
+                Duration::from_millis(100),
+                Duration::from_secs(300),
+            )?,
+            body_timeout: bounded_duration(
+                pick(&args.body_timeout, &file.body_timeout).as_ref(),
+                "body-timeout",
+                Duration::from_secs(30),
+                Duration::from_millis(100),
+                Duration::from_secs(600),
+            )?,
+            max_connections,
+            store_timeout,
             upstream_timeout,
-            shutdown_grace: opt_duration(
+            shutdown_grace: bounded_duration(
                 pick(&args.shutdown_grace, &file.shutdown_grace).as_ref(),
                 "shutdown-grace",
-            )?
-            .unwrap_or(Duration::from_secs(30)),
-            sweep_interval: opt_duration(
+                Duration::from_secs(30),
+                Duration::ZERO,
+                Duration::from_secs(3600),
+            )?,
+            sweep_interval: bounded_duration(
                 pick(&args.sweep_interval, &file.sweep_interval).as_ref(),
                 "sweep-interval",
-            )?
-            .unwrap_or(Duration::from_secs(60))
-            .max(Duration::from_millis(100)),
+                Duration::from_secs(60),
+                Duration::from_millis(100),
+                Duration::from_secs(86_400),
+            )?,
         })
     }
 }
@@ -248,4 +378,58 @@ pub(crate) fn route_operations(path: &Path) -> anyhow::Result<Vec<(String, Strin
                 .map(move |m| (m.to_ascii_uppercase(), r.path.clone()))
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn check(text: &str) {
+        // Any text: an error or a config, never a panic.
+        if let Ok(file) = FileConfig::parse(text) {
+            let mut args = ServeArgs::default();
+            if file.upstream.is_none() {
+                args.upstream = Some("http://127.0.0.1:1".into());
+            }
+            let _ = GatewayConfig::from_file(&args, &file);
+        }
+    }
+
+    fn duration_text() -> impl Strategy<Value = String> {
+        (
+            prop_oneof![Just(0u64), 1u64..100, any::<u64>()],
+            prop::sample::select(vec!["", "ms", "s", "m", "h", "d", "y", " s", "µs"]),
+        )
+            .prop_map(|(n, u)| format!("{n}{u}"))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2_000))]
+
+        #[test]
+        fn any_text_is_an_error_or_a_config(text in "\\PC{0,200}") {
+            check(&text);
+        }
+
+        #[test]
+        fn any_settings_are_an_error_or_a_config(
+            ttl in duration_text(),
+            lease in duration_text(),
+            wait in duration_text(),
+            timeout in duration_text(),
+            body in (any::<u32>(), prop::sample::select(vec!["", "B", "KiB", "MiB", "GiB"])),
+            path in "[/{}*a-z.%]{0,20}",
+            method in "[A-Za-z]{0,8}",
+            fields in prop::collection::vec("[/a-z~0-9]{0,6}", 0..3),
+        ) {
+            let text = format!(
+                "upstream = \"http://127.0.0.1:1\"\nttl = {ttl:?}\nlease = {lease:?}\nwait = {wait:?}\n\
+                 upstream_timeout = {timeout:?}\nmax_body = \"{}{}\"\n\
+                 [[route]]\nmethod = {method:?}\npath = {path:?}\nlease = {lease:?}\nfingerprint_fields = {fields:?}\n",
+                body.0, body.1
+            );
+            check(&text);
+        }
+    }
 }

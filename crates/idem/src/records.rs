@@ -21,19 +21,34 @@ pub(crate) async fn run(cmd: RecordsCommand) -> anyhow::Result<()> {
             config,
         } => {
             let key = Key::new(key).context("invalid key")?;
-            let scope = match (tenant, credential) {
-                (Some(t), _) => Scope::from_tenant(&t),
-                (None, Some(c)) => Scope::from_credential(c.as_bytes()),
-                (None, None) => Scope::anonymous(),
+            let scope = match (&tenant[..], credential) {
+                ([_, ..], _) => {
+                    Scope::from_parts(&tenant.iter().map(|t| t.as_bytes()).collect::<Vec<_>>())
+                }
+                ([], Some(c)) => Scope::from_credential(c.as_bytes()),
+                ([], None) => Scope::anonymous(),
             };
             let operations = match (path, config) {
                 (Some(p), _) => vec![(method, p)],
                 (None, Some(c)) => route_operations(&c)?,
-                (None, None) => bail!(
-                    "give --path (the route the key was used on) or --config (the gateway's routes)"
-                ),
+                (None, None) => Vec::new(),
             };
             let store = stores::open(&store).await?;
+            if operations.is_empty() {
+                // The key and the scope are enough: the newest record.
+                let found = store
+                    .find_by_key(&scope, &key, Timestamp::now(), 1)
+                    .await
+                    .context("reading the record")?;
+                let Some(record) = found.first() else {
+                    bail!("no live record for that key and scope")
+                };
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&idem_http::RecordView::from(record))?
+                );
+                return Ok(());
+            }
             for (m, p) in operations {
                 let id = RecordId::new(
                     scope.clone(),
@@ -70,7 +85,7 @@ pub(crate) async fn run(cmd: RecordsCommand) -> anyhow::Result<()> {
                     let lease = r.lease_until.unwrap_or_default();
                     println!(
                         "{:<24} {:<12} {:<28} {:>10}  {}",
-                        httpdate::fmt_http_date(lease.to_system_time()),
+                        idem_http::http_date(lease).unwrap_or_else(|| "(out of range)".into()),
                         format!("{}s", now.saturating_since(lease).as_secs()),
                         r.id.operation.as_str(),
                         r.fence.get(),

@@ -161,7 +161,10 @@ async fn forwarding_rewrites_hop_by_hop_and_forwards_the_key() {
         .unwrap();
     let seen: serde_json::Value = r.json().await.unwrap();
     assert_eq!(seen["idempotency-key"], k.as_str());
-    assert_eq!(seen["x-forwarded-for"], "10.1.2.3, 127.0.0.1");
+    assert_eq!(
+        seen["x-forwarded-for"], "127.0.0.1",
+        "a client's own forwarding headers are replaced"
+    );
     assert!(
         seen["forwarded"]
             .as_str()
@@ -208,16 +211,25 @@ async fn the_reconciliation_read_path_and_records_cli() {
         .await
         .unwrap();
     assert_eq!(theirs.status(), 404, "another credential cannot read it");
-    let no_op = c
+    let by_key = c
         .get(format!("{}/_idem/records/{k}", g.base))
+        .header("authorization", "Bearer reader")
         .send()
         .await
         .unwrap();
     assert_eq!(
-        no_op.status(),
-        400,
-        "the operation is required without routes"
+        by_key.status(),
+        200,
+        "the key and the credential are enough"
     );
+    let view: serde_json::Value = by_key.json().await.unwrap();
+    assert_eq!(view["operation"], "POST /orders");
+    let anonymous = c
+        .get(format!("{}/_idem/records/{k}", g.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(anonymous.status(), 401, "no credential, no reads");
 
     drop(g); // SQLite: one writer at a time
     let (code, out, err) = idem(&[
@@ -453,6 +465,8 @@ async fn the_sweeper_purges_expired_records() {
             "800ms",
             "--upstream-timeout",
             "500ms",
+            "--store-timeout",
+            "200ms",
             "--sweep-interval",
             "100ms",
         ],
@@ -511,7 +525,9 @@ async fn a_dead_gateways_claims_are_listed_and_released() {
         "--lease",
         "1s",
         "--upstream-timeout",
-        "800ms",
+        "700ms",
+        "--store-timeout",
+        "200ms",
         "--sweep-interval",
         "100ms",
     ];

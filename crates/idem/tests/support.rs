@@ -18,6 +18,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use futures_util::StreamExt;
 
 /// A child process killed on drop.
 pub struct Proc {
@@ -95,6 +96,33 @@ pub async fn gateway(upstream: &str, store: &str, extra: &[&str]) -> Gateway {
     };
     wait_ok(&format!("{}/healthz", g.admin)).await;
     g
+}
+
+/// `host:port` of a base URL.
+pub fn addr(base: &str) -> String {
+    base.trim_start_matches("http://").to_owned()
+}
+
+/// Writes a gateway config file; returns its directory (keep it alive)
+/// and its path.
+pub fn config(text: &str) -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("idem.toml");
+    std::fs::write(&path, text).unwrap();
+    let p = path.display().to_string();
+    (dir, p)
+}
+
+/// Sends raw bytes on a new connection and reads until the gateway closes
+/// it (or 20 s pass).
+pub fn raw(base: &str, request: &[u8]) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr(base)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(request).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Runs `idem` with `args` to completion; returns (exit code, stdout, stderr).
@@ -177,6 +205,12 @@ fn header_map(headers: &HeaderMap) -> serde_json::Value {
     serde_json::Value::Object(m)
 }
 
+/// "hello" compressed with gzip.
+pub const GZIP_HELLO: [u8; 25] = [
+    0x1f, 0x8b, 0x08, 0x00, 0x00, 0x00, 0x00, 0x00, 0x02, 0xff, 0xcb, 0x48, 0xcd, 0xc9, 0xc9, 0x07,
+    0x00, 0x86, 0xa6, 0x10, 0x36, 0x05, 0x00, 0x00, 0x00,
+];
+
 /// The upstream's app: counts executions per Idempotency-Key.
 pub fn upstream_app() -> Router {
     let state = Arc::new(Counts::default());
@@ -220,6 +254,46 @@ pub fn upstream_app() -> Router {
             get(|State(s): State<Arc<Counts>>| async move {
                 s.gate.add_permits(1);
                 "released"
+            }),
+        )
+        .route(
+            "/accounts/{id}/transfers",
+            post(|State(s): State<Arc<Counts>>, headers: HeaderMap, Path(id): Path<String>, uri: axum::http::Uri, body: String| async move {
+                let n = count(&s, &headers);
+                (
+                    StatusCode::CREATED,
+                    Json(serde_json::json!({ "execution": n, "account": id, "query": uri.query(), "body": body })),
+                )
+            }),
+        )
+        .route(
+            "/big/{n}",
+            post(|State(s): State<Arc<Counts>>, headers: HeaderMap, Path(n): Path<usize>| async move {
+                count(&s, &headers);
+                (StatusCode::CREATED, "b".repeat(n))
+            }),
+        )
+        .route(
+            "/gzip",
+            post(|State(s): State<Arc<Counts>>, headers: HeaderMap| async move {
+                count(&s, &headers);
+                (
+                    StatusCode::OK,
+                    [("content-encoding", "gzip"), ("vary", "accept-encoding"), ("content-type", "text/plain")],
+                    GZIP_HELLO.to_vec(),
+                )
+            }),
+        )
+        .route(
+            "/stall",
+            post(|State(s): State<Arc<Counts>>, headers: HeaderMap| async move {
+                count(&s, &headers);
+                // Headers and a first chunk, then nothing, ever.
+                let first = futures_util::stream::once(async {
+                    Ok::<_, std::io::Error>(axum::body::Bytes::from_static(b"partial"))
+                });
+                let body = first.chain(futures_util::stream::pending());
+                (StatusCode::CREATED, axum::body::Body::from_stream(body))
             }),
         )
         .route(

@@ -1,20 +1,21 @@
 //! `idem serve`: the gateway.
 
 mod admin;
+mod listener;
 mod proxy;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use axum::Router;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use idem_core::{Key, Operation, RecordId, Scope, Store, Timestamp};
-use idem_http::{IdempotencyLayer, PathPattern, ScopeSource};
+use idem_http::{IdempotencyLayer, RouteRule, ScopeError, ScopeSource};
 use metrics_exporter_prometheus::PrometheusBuilder;
 use tokio::net::TcpListener;
 use tower::Layer;
@@ -44,15 +45,22 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {} (admin)", cfg.admin_listen))?;
 
-    let scope = match &cfg.tenant_header {
-        Some(h) => ScopeSource::Header(h.clone()),
-        None => ScopeSource::Authorization,
+    let scope = match &cfg.scope_headers[..] {
+        [] => ScopeSource::Authorization,
+        [one] => ScopeSource::Header(one.clone()),
+        many => ScopeSource::Headers(many.to_vec()),
     };
     let mut builder = IdempotencyLayer::builder_shared(store.clone())
         .default_policy(cfg.default_policy.clone())
         .key_policy(cfg.key_policy.clone())
         .scope(scope.clone())
-        .body_limit(cfg.max_body);
+        .require_scope(cfg.require_scope)
+        .body_limit(cfg.max_body)
+        .body_timeout(cfg.body_timeout)
+        .response_limit(cfg.max_response)
+        .store_timeout(cfg.store_timeout)
+        // The upstream may still commit what the gateway gave up on.
+        .hold_unknown_outcomes(true);
     for rule in &cfg.routes {
         builder = builder.route(rule.clone());
     }
@@ -61,21 +69,31 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
     let proxied = layer.layer(proxy::Proxy::new(
         cfg.upstream.clone(),
         cfg.upstream_timeout,
+        cfg.trust_forwarded,
+        &cfg.scope_headers,
     ));
 
     let lookup = Lookup {
         store: store.clone(),
         scope,
-        operations: cfg.routes.iter().flat_map(|r| r.operations()).collect(),
+        routes: cfg.routes.clone(),
+        anonymous_reads: cfg.anonymous_reads,
+        store_timeout: cfg.store_timeout,
     };
     let app = Router::new()
         .route("/_idem/records/{key}", get(read_record))
         .with_state(Arc::new(lookup))
-        .fallback_service(proxied);
+        .fallback_service(proxied)
+        .layer(axum::middleware::from_fn(refuse_ambiguous_paths));
 
     let shutdown = tokio_util::sync::CancellationToken::new();
     tokio::spawn(signals(shutdown.clone()));
-    tokio::spawn(sweep(store.clone(), cfg.sweep_interval, shutdown.clone()));
+    tokio::spawn(sweep(
+        store.clone(),
+        cfg.sweep_interval,
+        cfg.store_timeout,
+        shutdown.clone(),
+    ));
     // Stale claims (a gateway died mid-request) are released after their
     // lease: the gateway cannot see whether the upstream acted, and the
     // upstream got the same Idempotency-Key to deduplicate the retry.
@@ -110,12 +128,18 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
         cfg.admin_listen,
         stores::redact(&cfg.store)
     );
-    let server = axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(shutdown.clone().cancelled_owned());
     let grace = cfg.shutdown_grace;
+    let server = listener::serve(
+        listener,
+        app,
+        listener::ConnectionLimits {
+            max_connections: cfg.max_connections,
+            header_timeout: cfg.header_timeout,
+            stall_timeout: cfg.body_timeout,
+        },
+        shutdown.clone(),
+        grace,
+    );
     let drained = async {
         shutdown.cancelled().await;
         // Running executions get the grace period; then they are cancelled
@@ -127,7 +151,7 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
             // Connections still open after the grace (idle keep-alive ones,
             // or clients that never read) do not hold the process.
             tokio::select! {
-                r = server => r.context("serving"),
+                () = server => Ok::<(), anyhow::Error>(()),
                 () = async { shutdown.cancelled().await; tokio::time::sleep(grace + Duration::from_secs(1)).await } => Ok(()),
             }
         },
@@ -158,6 +182,7 @@ async fn signals(shutdown: tokio_util::sync::CancellationToken) {
 async fn sweep(
     store: Arc<dyn Store>,
     interval: Duration,
+    store_timeout: Duration,
     shutdown: tokio_util::sync::CancellationToken,
 ) {
     let mut tick = tokio::time::interval(interval);
@@ -167,7 +192,7 @@ async fn sweep(
             () = shutdown.cancelled() => return,
         }
         loop {
-            match store.purge_expired(Timestamp::now(), 1000).await {
+            match within(store_timeout, store.purge_expired(Timestamp::now(), 1000)).await {
                 Ok(n) => {
                     metrics::counter!(PURGED).increment(n as u64);
                     if n < 1000 {
@@ -183,10 +208,57 @@ async fn sweep(
     }
 }
 
+/// Refuses request paths that an upstream might resolve to another
+/// resource than the one the route rules and the fingerprint saw: `.` and
+/// `..` segments (also `..;x`, as Tomcat reads it), backslashes, and
+/// percent-encodings of unreserved characters, `/`, `\` or malformed ones
+/// (RFC 3986 section 6.2.2 lets a server decode `%61` to `a`).
+async fn refuse_ambiguous_paths(req: Request, next: Next) -> Response {
+    if let Some(why) = ambiguous_path(req.uri().path()) {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            "invalid-path",
+            "Invalid path",
+            &format!("The path {why}; send the plain, resolved path."),
+        );
+    }
+    next.run(req).await
+}
+
+fn ambiguous_path(path: &str) -> Option<&'static str> {
+    if path.contains('\\') {
+        return Some("has a backslash");
+    }
+    let bytes = path.as_bytes();
+    for (i, b) in bytes.iter().enumerate() {
+        if *b != b'%' {
+            continue;
+        }
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok());
+        let Some(decoded) = hex.and_then(|h| u8::from_str_radix(h, 16).ok()) else {
+            return Some("has a malformed percent-encoding");
+        };
+        if decoded.is_ascii_alphanumeric() || b"-._~/\\".contains(&decoded) {
+            return Some(
+                "percent-encodes a character that needs no encoding, a slash or a backslash",
+            );
+        }
+    }
+    let dots = path.split('/').any(|segment| {
+        let bare = segment.split(';').next().unwrap_or(segment);
+        bare == "." || bare == ".."
+    });
+    dots.then_some("has a '.' or '..' segment")
+}
+
 struct Lookup {
     store: Arc<dyn Store>,
     scope: ScopeSource,
-    operations: Vec<Operation>,
+    routes: Vec<RouteRule>,
+    anonymous_reads: bool,
+    store_timeout: Duration,
 }
 
 #[derive(serde::Deserialize)]
@@ -207,7 +279,10 @@ fn problem(status: StatusCode, kind: &str, title: &str, detail: &str) -> Respons
         .into_response()
 }
 
-/// `GET /_idem/records/{key}`: the caller's own record, as JSON.
+/// `GET /_idem/records/{key}`: the caller's own record, as JSON. The key
+/// and the caller's credential (or scope headers) are enough; `?method=`
+/// and `?path=` (the request's path) pick one operation when the key was
+/// used on several, otherwise the newest record is shown.
 async fn read_record(
     State(l): State<Arc<Lookup>>,
     Path(key): Path<String>,
@@ -225,39 +300,133 @@ async fn read_record(
     let mut req = http::Request::new(());
     *req.headers_mut() = headers;
     let (parts, ()) = req.into_parts();
-    let scope: Scope = l.scope.scope_of(&parts);
-    let operations = match (q.method, q.path) {
-        (Some(m), Some(p)) => vec![Operation::new(&m, PathPattern::new(&p).as_str())],
-        (None, None) if !l.operations.is_empty() => l.operations.clone(),
-        _ => {
+    let scope: Scope = match l.scope.scope_of(&parts) {
+        Ok(s) if s == Scope::anonymous() && !l.anonymous_reads => {
+            return problem(
+                StatusCode::UNAUTHORIZED,
+                "credential-required",
+                "Credential required",
+                &ScopeError::CredentialRequired.to_string(),
+            );
+        }
+        Ok(s) => s,
+        Err(e) => {
             return problem(
                 StatusCode::BAD_REQUEST,
-                "operation-required",
-                "Operation required",
-                "Say which operation the key was used on: ?method=POST&path=/transfers.",
+                "invalid-scope",
+                "Caller could not be identified",
+                &e.to_string(),
             );
         }
     };
-    for op in operations {
-        let id = RecordId::new(scope.clone(), op, key.clone());
-        match idem_http::lookup(&*l.store, &id).await {
-            Ok(Some(view)) => return axum::Json(view).into_response(),
-            Ok(None) => {}
-            Err(e) => {
-                tracing::warn!(error = %e, "record look-up failed");
+    let now = Timestamp::now();
+    let found = match (q.method, q.path) {
+        (Some(m), Some(p)) => {
+            let Ok(method) = http::Method::from_bytes(m.to_ascii_uppercase().as_bytes()) else {
                 return problem(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "store-unavailable",
-                    "Idempotency store unavailable",
-                    "Retry later.",
+                    StatusCode::BAD_REQUEST,
+                    "invalid-operation",
+                    "Invalid method",
+                    "?method= is not an HTTP method.",
                 );
-            }
+            };
+            let operation = operation_of(&l.routes, &method, &p);
+            let id = RecordId::new(scope, operation, key);
+            within(l.store_timeout, l.store.get(&id, now))
+                .await
+                .map(|r| r.into_iter().collect::<Vec<_>>())
+        }
+        (None, None) => within(l.store_timeout, l.store.find_by_key(&scope, &key, now, 1)).await,
+        _ => {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                "invalid-operation",
+                "Operation incomplete",
+                "Give both ?method= and ?path=, or neither.",
+            );
+        }
+    };
+    match found {
+        Ok(records) => match records.first() {
+            Some(record) => axum::Json(idem_http::RecordView::from(record)).into_response(),
+            None => problem(
+                StatusCode::NOT_FOUND,
+                "record-not-found",
+                "No such record",
+                "No live record for this key and credential.",
+            ),
+        },
+        Err(e) => {
+            tracing::warn!(error = %e, "record look-up failed");
+            problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store-unavailable",
+                "Idempotency store unavailable",
+                "Retry later.",
+            )
         }
     }
-    problem(
-        StatusCode::NOT_FOUND,
-        "record-not-found",
-        "No such record",
-        "No live record for this key and credential.",
+}
+
+/// The operation the layer gives a request with `method` on `path`: the
+/// first matching rule's pattern, else the literal path.
+fn operation_of(routes: &[RouteRule], method: &http::Method, path: &str) -> Operation {
+    routes.iter().find(|r| r.matches(method, path)).map_or_else(
+        || Operation::new(method.as_str(), path),
+        |r| r.operation(method),
     )
+}
+
+/// A store call under the gateway's store deadline.
+async fn within<T>(
+    deadline: Duration,
+    fut: impl std::future::Future<Output = Result<T, idem_core::StoreError>>,
+) -> Result<T, idem_core::StoreError> {
+    tokio::time::timeout(deadline, fut)
+        .await
+        .unwrap_or_else(|_| {
+            Err(idem_core::StoreError::new(
+                idem_core::StoreErrorKind::Unavailable,
+                "store look-up timed out",
+            ))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ambiguous_path;
+
+    #[test]
+    fn paths_an_upstream_could_resolve_elsewhere_are_found() {
+        for p in [
+            "/a/../b",
+            "/a/./b",
+            "/..",
+            "/a/%2e%2E/b",
+            "/a/%2e",
+            "/a/.%2e/",
+            "/x/..;/accounts/7",
+            "/x/..\\accounts/7",
+            "/x/..%5caccounts/7",
+            "/%61ccounts/7",
+            "/accounts/7%2ftransfers",
+            "/a%7e",
+            "/a%",
+            "/a%zz",
+        ] {
+            assert!(ambiguous_path(p).is_some(), "{p}");
+        }
+        for p in [
+            "/a/b",
+            "/a/.b",
+            "/a/..b/",
+            "/",
+            "/a%20b",
+            "/caf%C3%A9",
+            "/q;v=1",
+            "/a/b/",
+        ] {
+            assert_eq!(ambiguous_path(p), None, "{p}");
+        }
+    }
 }

@@ -1,18 +1,36 @@
 //! Forwarding to the upstream over a pooled hyper client.
+//!
+//! What the upstream receives is built here, not copied: hop-by-hop
+//! headers go, `Host` is the upstream's, and the forwarding headers
+//! (`Forwarded`, `X-Forwarded-For`, `-Host`, `-Proto`) are the gateway's own,
+//! with every value it writes checked or quoted (RFC 7239), so a client
+//! cannot add a forwarding element or a header. A client's own forwarding
+//! headers are dropped unless `--trust-forwarded` says the gateway's only
+//! client is a trusted proxy.
+//!
+//! For a keyed request (one the idempotency layer executes) the whole
+//! exchange, response body included, runs under the upstream timeout, and
+//! a failure after the request was sent is marked [`OutcomeUnknown`]: the
+//! upstream may have committed, so the key stays held until its lease ends.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::extract::ConnectInfo;
+use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http::header::{self, HeaderName};
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use idem_http::{Body, boxed, full};
+use idem_http::{Body, BoxError, IdempotencyContext, OutcomeUnknown, boxed, full};
+use std::future::Future as _;
+use tokio::time::{Instant, Sleep};
 use tower::Service;
 
 /// Forwards requests to one upstream.
@@ -21,10 +39,19 @@ pub(crate) struct Proxy {
     client: Client<HttpConnector, Body>,
     upstream: Uri,
     timeout: Duration,
+    trust_forwarded: bool,
+    /// End-to-end headers a client may not remove by naming them in
+    /// `Connection`: the key and the scope the record was claimed under.
+    protected: Arc<[HeaderName]>,
 }
 
 impl Proxy {
-    pub(crate) fn new(upstream: Uri, timeout: Duration) -> Proxy {
+    pub(crate) fn new(
+        upstream: Uri,
+        timeout: Duration,
+        trust_forwarded: bool,
+        scope_headers: &[HeaderName],
+    ) -> Proxy {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(timeout.min(Duration::from_secs(5))));
@@ -34,8 +61,135 @@ impl Proxy {
                 .build(connector),
             upstream,
             timeout,
+            trust_forwarded,
+            protected: [
+                HeaderName::from_static("idempotency-key"),
+                header::AUTHORIZATION,
+                header::CONTENT_TYPE,
+                header::CONTENT_LENGTH,
+                header::CONTENT_ENCODING,
+            ]
+            .into_iter()
+            .chain(scope_headers.iter().cloned())
+            .collect(),
         }
     }
+}
+
+/// Forwarding headers a client could forge.
+const FORWARDING: [&str; 5] = [
+    "forwarded",
+    "x-forwarded-for",
+    "x-forwarded-host",
+    "x-forwarded-proto",
+    "x-real-ip",
+];
+
+/// `value` as an RFC 7230 quoted-string, or `None` if it holds a byte a
+/// quoted-string cannot (controls other than tab).
+fn quoted(value: &str) -> Option<String> {
+    let mut out = String::with_capacity(value.len() + 2);
+    out.push('"');
+    for c in value.chars() {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if c.is_control() && c != '\t' => return None,
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    Some(out)
+}
+
+/// Sets the gateway's forwarding headers for a request from `peer` whose
+/// `Host` was `host`.
+fn set_forwarding(
+    headers: &mut HeaderMap,
+    peer: std::net::IpAddr,
+    host: Option<&str>,
+    trust: bool,
+) {
+    if !trust {
+        for name in FORWARDING {
+            headers.remove(name);
+        }
+    }
+    // Only a Host that is a plain host[:port] is passed on (an authority
+    // may hold commas and other sub-delimiters; a forwarded host may not).
+    let host = host.filter(|h| {
+        h.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-.:[]_".contains(&b))
+            && h.parse::<http::uri::Authority>().is_ok()
+    });
+    let xff = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+        Some(prev) => format!("{prev}, {peer}"),
+        None => peer.to_string(),
+    };
+    if let Ok(v) = HeaderValue::from_str(&xff) {
+        headers.insert("x-forwarded-for", v);
+    }
+    if !trust || !headers.contains_key("x-forwarded-proto") {
+        headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+    }
+    if let Some(h) = host
+        && (!trust || !headers.contains_key("x-forwarded-host"))
+        && let Ok(v) = HeaderValue::from_str(h)
+    {
+        headers.insert("x-forwarded-host", v);
+    }
+    let node = if peer.is_ipv6() {
+        format!("\"[{peer}]\"")
+    } else {
+        peer.to_string()
+    };
+    let mut element = format!("for={node};proto=http");
+    if let Some(h) = host.and_then(quoted) {
+        element.push_str(";host=");
+        element.push_str(&h);
+    }
+    if let Ok(v) = HeaderValue::from_str(&element) {
+        headers.append(header::FORWARDED, v);
+    }
+}
+
+/// A response body that fails once `deadline` passes.
+struct Deadline {
+    inner: Body,
+    sleep: Pin<Box<Sleep>>,
+}
+
+impl http_body::Body for Deadline {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        if self.sleep.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Some(Err(
+                "upstream response body passed its deadline".into()
+            )));
+        }
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Marks a gateway answer whose upstream outcome is unknown.
+fn unknown(mut response: Response<Body>) -> Response<Body> {
+    response.extensions_mut().insert(OutcomeUnknown);
+    response
 }
 
 /// Headers that belong to one connection and are never forwarded.
@@ -50,13 +204,16 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     header::UPGRADE,
 ];
 
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
+/// Removes hop-by-hop headers and those `Connection` names, except the
+/// `protected` ones.
+fn strip_hop_by_hop(headers: &mut HeaderMap, protected: &[HeaderName]) {
     let listed: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .filter_map(|n| HeaderName::try_from(n.trim()).ok())
+        .filter(|n| !protected.contains(n))
         .collect();
     for name in HOP_BY_HOP.iter().chain(listed.iter()) {
         headers.remove(name);
@@ -102,45 +259,40 @@ impl Proxy {
             .extensions
             .get::<ConnectInfo<SocketAddr>>()
             .map(|c| c.0.ip());
+        let keyed = parts.extensions.get::<IdempotencyContext>().is_some();
         let original_host = parts
             .headers
             .get(header::HOST)
             .and_then(|h| h.to_str().ok())
             .map(str::to_owned);
-        strip_hop_by_hop(&mut parts.headers);
+        strip_hop_by_hop(&mut parts.headers, &self.protected);
         if let Some(ip) = peer {
-            let xff = match parts
-                .headers
-                .get("x-forwarded-for")
-                .and_then(|v| v.to_str().ok())
-            {
-                Some(prev) => format!("{prev}, {ip}"),
-                None => ip.to_string(),
-            };
-            if let Ok(v) = HeaderValue::from_str(&xff) {
-                parts.headers.insert("x-forwarded-for", v);
-            }
-            let node = if ip.is_ipv6() {
-                format!("\"[{ip}]\"")
-            } else {
-                ip.to_string()
-            };
-            let mut fwd = format!("for={node};proto=http");
-            if let Some(h) = &original_host {
-                fwd.push_str(&format!(";host=\"{h}\""));
-            }
-            if let Ok(v) = HeaderValue::from_str(&fwd) {
-                parts.headers.append(header::FORWARDED, v);
-            }
+            set_forwarding(
+                &mut parts.headers,
+                ip,
+                original_host.as_deref(),
+                self.trust_forwarded,
+            );
         }
         parts.headers.remove(header::HOST);
         parts.uri = target;
         let request = Request::from_parts(parts, body);
-        match tokio::time::timeout(self.timeout, self.client.request(request)).await {
+        let deadline = Instant::now() + self.timeout;
+        match tokio::time::timeout_at(deadline, self.client.request(request)).await {
             Ok(Ok(resp)) => {
                 let (mut parts, body) = resp.into_parts();
-                strip_hop_by_hop(&mut parts.headers);
-                Response::from_parts(parts, boxed(body))
+                strip_hop_by_hop(&mut parts.headers, &[]);
+                let body = if keyed {
+                    // The layer reads a keyed answer whole before storing
+                    // it: a stalled body must not outlive the lease.
+                    boxed(Deadline {
+                        inner: boxed(body),
+                        sleep: Box::pin(tokio::time::sleep_until(deadline)),
+                    })
+                } else {
+                    boxed(body)
+                };
+                Response::from_parts(parts, body)
             }
             Ok(Err(e)) if e.is_connect() => {
                 tracing::warn!(error = %e, "upstream unreachable");
@@ -153,19 +305,19 @@ impl Proxy {
             }
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "upstream failed");
-                problem(
+                unknown(problem(
                     StatusCode::BAD_GATEWAY,
                     "upstream-failed",
                     "Upstream failed",
-                    "The connection to the service behind the gateway failed; its result is unknown. Retry with the same key.",
-                )
+                    "The connection to the service behind the gateway failed after the request was sent; its result is unknown. The key stays held until its lease ends: retry with the same key (409 until then).",
+                ))
             }
-            Err(_) => problem(
+            Err(_) => unknown(problem(
                 StatusCode::GATEWAY_TIMEOUT,
                 "upstream-timeout",
                 "Upstream timed out",
-                "The service behind the gateway did not answer in time; its result is unknown. Retry with the same key.",
-            ),
+                "The service behind the gateway did not answer in time; its result is unknown. The key stays held until its lease ends: retry with the same key (409 until then).",
+            )),
         }
     }
 }

@@ -1,0 +1,196 @@
+//! The layer against hostile timing and legacy data (issue 10): waiters
+//! that must not pile up, a store that stalls, and records written by the
+//! fingerprint of an earlier release.
+
+#![allow(clippy::unwrap_used)] // a test crate: a panic is a failed assertion
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use idem_core::{
+    BoxFuture, Claim, ClaimRequest, Completion, Concurrency, Fence, FieldSelection, Fingerprint,
+    Key, MemoryStore, Operation, Policy, Record, RecordId, Scope, Settled, StaleCursor, Store,
+    StoreError, StoredResponse, Timestamp,
+};
+use support::{key, spawn_app};
+
+/// Wait mode: every keyed request subscribes to its record's notifier;
+/// none of those entries may outlive the request (item 6).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_mode_leaves_no_waiter_entries_behind() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let app = spawn_app(store, |b| {
+        b.default_policy(
+            Policy::builder()
+                .concurrency(Concurrency::Wait {
+                    limit: Duration::from_secs(5),
+                })
+                .build()
+                .unwrap(),
+        )
+    })
+    .await;
+    for _ in 0..300 {
+        let k = key();
+        for _ in 0..3 {
+            let r = app.post("/orders", &k, "{}").send().await.unwrap();
+            assert_eq!(r.status(), 201);
+        }
+        let r = app
+            .post("/orders", &k, r#"{"other":1}"#)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 422);
+    }
+    assert_eq!(app.executions(), 300);
+    assert_eq!(app.handle.waiting(), 0, "no entry outlives its request");
+}
+
+/// A store whose claims never answer.
+struct StalledStore;
+
+impl Store for StalledStore {
+    fn claim<'a>(&'a self, _: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>> {
+        Box::pin(std::future::pending())
+    }
+    fn complete<'a>(
+        &'a self,
+        _: &'a RecordId,
+        _: Fence,
+        _: Completion,
+        _: Timestamp,
+    ) -> BoxFuture<'a, Result<Settled, StoreError>> {
+        Box::pin(std::future::pending())
+    }
+    fn release<'a>(
+        &'a self,
+        _: &'a RecordId,
+        _: Fence,
+        _: Timestamp,
+    ) -> BoxFuture<'a, Result<Settled, StoreError>> {
+        Box::pin(std::future::pending())
+    }
+    fn get<'a>(
+        &'a self,
+        _: &'a RecordId,
+        _: Timestamp,
+    ) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
+        Box::pin(std::future::pending())
+    }
+    fn purge_expired(&self, _: Timestamp, _: usize) -> BoxFuture<'_, Result<usize, StoreError>> {
+        Box::pin(std::future::pending())
+    }
+    fn list_stale<'a>(
+        &'a self,
+        _: Timestamp,
+        _: Option<&'a StaleCursor>,
+        _: usize,
+    ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>> {
+        Box::pin(std::future::pending())
+    }
+    fn find_by_key<'a>(
+        &'a self,
+        _: &'a Scope,
+        _: &'a Key,
+        _: Timestamp,
+        _: usize,
+    ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>> {
+        Box::pin(std::future::pending())
+    }
+}
+
+/// A stalled store fails closed with 503 once the store deadline passes,
+/// and the handler never runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_store_answers_503_at_its_deadline() {
+    let app = spawn_app(Arc::new(StalledStore), |b| {
+        b.store_timeout(Duration::from_millis(200))
+    })
+    .await;
+    let started = Instant::now();
+    let r = app.post("/orders", &key(), "{}").send().await.unwrap();
+    assert_eq!(r.status(), 503);
+    assert!(r.headers().contains_key("retry-after"));
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(app.executions(), 0);
+}
+
+/// Records written before fingerprint version 2 keep replaying to the
+/// same request, and stay refused to a different one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_of_the_version_1_fingerprint_keep_replaying() {
+    let store = Arc::new(MemoryStore::new());
+    let op = Operation::new("POST", "/orders");
+    let body = br#"{"amount":5}"#;
+    let k = key();
+    let id = RecordId::new(Scope::anonymous(), op.clone(), Key::new(k.clone()).unwrap());
+    let v1 = Fingerprint::compute_v1(&op, Some("application/json"), body, &FieldSelection::Whole);
+    assert_eq!(v1.version(), 1);
+    let now = Timestamp::now();
+    let req = ClaimRequest {
+        id: id.clone(),
+        fingerprint: v1,
+        now,
+        lease: Duration::from_secs(30),
+        ttl: Duration::from_secs(3600),
+    };
+    let Claim::Acquired(lease) = store.claim(&req).await.unwrap() else {
+        panic!("fresh key")
+    };
+    let stored = StoredResponse {
+        status: 201,
+        headers: vec![("content-type".into(), b"text/plain".to_vec())],
+        body: b"from the old release".to_vec(),
+    };
+    let _ = store
+        .complete(&id, lease.fence, Completion::completed(stored), now)
+        .await
+        .unwrap();
+
+    // An in-progress version-1 record is in flight to the same request.
+    let k2 = key();
+    let id2 = RecordId::new(
+        Scope::anonymous(),
+        op.clone(),
+        Key::new(k2.clone()).unwrap(),
+    );
+    let Claim::Acquired(_) = store
+        .claim(&ClaimRequest {
+            id: id2,
+            ..req.clone()
+        })
+        .await
+        .unwrap()
+    else {
+        panic!("fresh key")
+    };
+
+    let app = spawn_app(store, |b| b).await;
+    let r = app
+        .post("/orders", &k, r#"{ "amount": 5 }"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.headers()["idempotent-replayed"], "true");
+    assert_eq!(r.text().await.unwrap(), "from the old release");
+    let r = app
+        .post("/orders", &k, r#"{"amount":6}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 422);
+    let r = app
+        .post("/orders", &k2, r#"{"amount":5}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 409);
+    assert_eq!(app.executions(), 0);
+}
