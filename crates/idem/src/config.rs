@@ -404,8 +404,17 @@ mod tests {
             .prop_map(|(n, u)| format!("{n}{u}"))
     }
 
+    /// Cases per property: 2,000 in every test run; set
+    /// `IDEM_CONFIG_FUZZ_CASES` for a long run.
+    fn cases() -> u32 {
+        std::env::var("IDEM_CONFIG_FUZZ_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(2_000)
+    }
+
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(2_000))]
+        #![proptest_config(ProptestConfig::with_cases(cases()))]
 
         #[test]
         fn any_text_is_an_error_or_a_config(text in "\\PC{0,200}") {

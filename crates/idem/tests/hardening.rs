@@ -525,3 +525,49 @@ async fn large_and_encoded_responses_replay_safely() {
     assert_eq!(again.headers()["vary"], "accept-encoding");
     assert_eq!(again.bytes().await.unwrap().as_ref(), GZIP_HELLO);
 }
+
+/// Review item: a request still running when the shutdown grace ends may
+/// still commit upstream, so its key is held, not released: the next
+/// gateway on the same store answers the retry with 409 and does not
+/// forward it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_mid_request_holds_the_key() {
+    let (_up, up) = upstream();
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite:{}", dir.path().join("held.db").display());
+    let mut g = gateway(&up, &store, &["--shutdown-grace", "0s"]).await;
+    let k = key("shutdown");
+    let c = reqwest::Client::new();
+    let running = tokio::spawn(
+        c.post(format!("{}/slow", g.base))
+            .header("idempotency-key", &k)
+            .body("{}")
+            .send(),
+    );
+    while executions(&up, &k).await == 0 {
+        tokio::task::yield_now().await;
+    }
+    g.proc.terminate();
+    let status = tokio::task::spawn_blocking(move || g.proc.child.wait().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    // The client got 503 (shutting down) or lost its connection.
+    if let Ok(r) = running.await.unwrap() {
+        assert_eq!(r.status(), 503);
+    }
+
+    let g = gateway(&up, &store, &[]).await;
+    // Bounded: a retry that were forwarded would block in /slow.
+    let retry = c
+        .post(format!("{}/slow", g.base))
+        .header("idempotency-key", &k)
+        .timeout(Duration::from_secs(10))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(retry.status(), 409, "held until the lease ends");
+    assert_eq!(executions(&up, &k).await, 1);
+    reqwest::get(format!("{up}/release")).await.unwrap();
+}
