@@ -245,6 +245,18 @@ async fn the_reconciliation_read_path_and_records_cli() {
     ]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("\"completed\""), "{out}");
+    // The key and the credential are enough for the CLI too.
+    let (code, out, err) = idem(&[
+        "records",
+        "get",
+        &k,
+        "--store",
+        &store,
+        "--credential",
+        "Bearer reader",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("\"POST /orders\""), "{out}");
     let (code, _, err) = idem(&["records", "get", &k, "--store", &store, "--path", "/orders"]);
     assert_ne!(code, 0);
     assert!(err.contains("no live record"), "{err}");
