@@ -500,22 +500,15 @@ async fn read_response(mut body: Body, limit: usize) -> ResponseBody {
 /// status, and a problem document saying the request was executed and
 /// where its record can be read.
 fn not_stored(status: StatusCode, limit: usize) -> StoredResponse {
-    let body = serde_json::json!({
-        "type": "urn:idem:problem:response-not-stored",
-        "title": "Response too large to replay",
-        "status": status.as_u16(),
-        "detail": format!(
+    crate::Problem::idem(
+        status,
+        "response-not-stored",
+        "Response too large to replay",
+        format!(
             "The request with this key was executed once; its response was over the replay limit of {limit} bytes and was not kept. Do not send it again as a new request: read GET /_idem/records/{{key}} for its status and resource id."
         ),
-    });
-    StoredResponse {
-        status: status.as_u16(),
-        headers: vec![(
-            header::CONTENT_TYPE.as_str().to_owned(),
-            b"application/problem+json".to_vec(),
-        )],
-        body: body.to_string().into_bytes(),
-    }
+    )
+    .to_stored()
 }
 
 fn held(shared: &Shared, id: &RecordId, token: u64) {

@@ -58,6 +58,7 @@ mod context;
 mod flow;
 mod layer;
 pub mod metrics;
+mod problem;
 mod reconcile;
 pub mod recovery;
 mod rejection;
@@ -70,6 +71,7 @@ pub use body::{Body, BoxError, boxed, full};
 pub use context::IdempotencyContext;
 pub use flow::{IDEMPOTENCY_KEY, OutcomeUnknown};
 pub use layer::{IdempotencyLayer, IdempotencyLayerBuilder, LayerHandle};
+pub use problem::{PROBLEM_JSON, Problem};
 pub use reconcile::{RecordView, ResponseView, lookup};
 pub use rejection::Rejection;
 pub use replay::{

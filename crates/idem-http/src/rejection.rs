@@ -3,11 +3,12 @@
 
 use std::time::Duration;
 
-use http::{HeaderValue, Response, StatusCode, header};
+use http::{Response, StatusCode};
 use idem_core::KeyError;
 
-use crate::body::{Body, full};
+use crate::body::Body;
 use crate::metrics::Outcome;
+use crate::problem::Problem;
 use crate::rule::ScopeError;
 
 /// Why the layer answered instead of the handler.
@@ -55,101 +56,111 @@ pub enum Rejection {
 }
 
 impl Rejection {
+    /// The problem document: the one table of statuses, types, titles and
+    /// details.
+    pub fn problem(&self) -> Problem {
+        use StatusCode as S;
+        let p = |status, kind: &str, title: &'static str, detail: String| {
+            Problem::idem(status, kind, title, detail)
+        };
+        match self {
+            Rejection::MissingKey => p(
+                S::BAD_REQUEST,
+                "missing-key",
+                "Idempotency-Key required",
+                "This operation needs an Idempotency-Key header: one random value (a UUID) per intent, sent unchanged on every retry.".into(),
+            ),
+            Rejection::RepeatedKey => p(
+                S::BAD_REQUEST,
+                "repeated-key",
+                "More than one Idempotency-Key",
+                "Send exactly one Idempotency-Key header.".into(),
+            ),
+            Rejection::InvalidKey(e) => p(
+                S::BAD_REQUEST,
+                "invalid-key",
+                "Invalid Idempotency-Key",
+                format!("{e}."),
+            ),
+            Rejection::Mismatch => p(
+                S::UNPROCESSABLE_ENTITY,
+                "key-reused",
+                "Idempotency-Key reused with different parameters",
+                "This key was first used with a different request (path, query or body); a key names one intent. Use a new key for a new request.".into(),
+            ),
+            Rejection::InFlight { retry_after } => p(
+                S::CONFLICT,
+                "in-flight",
+                "Request with this Idempotency-Key in progress",
+                "The first request with this key has not finished. Retry after the time in Retry-After; you will get its result.".into(),
+            )
+            .with_retry_after(*retry_after),
+            Rejection::StoreUnavailable { retry_after } => p(
+                S::SERVICE_UNAVAILABLE,
+                "store-unavailable",
+                "Idempotency store unavailable",
+                "The request was not executed. Retry with the same key after the time in Retry-After.".into(),
+            )
+            .with_retry_after(*retry_after),
+            Rejection::BodyTooLarge { limit } => p(
+                S::PAYLOAD_TOO_LARGE,
+                "body-too-large",
+                "Request body too large",
+                format!("The body is over the limit of {limit} bytes."),
+            ),
+            Rejection::UnreadableBody => p(
+                S::BAD_REQUEST,
+                "unreadable-body",
+                "Request body could not be read",
+                "The request body ended early or was malformed.".into(),
+            ),
+            Rejection::BodyTimeout => p(
+                S::REQUEST_TIMEOUT,
+                "body-timeout",
+                "Request body too slow",
+                "The request body did not arrive in time; nothing was executed. Retry with the same key.".into(),
+            ),
+            Rejection::Scope(ScopeError::CredentialRequired) => p(
+                S::UNAUTHORIZED,
+                "credential-required",
+                "Credential required",
+                format!("{}; nothing was executed.", ScopeError::CredentialRequired),
+            ),
+            Rejection::Scope(e) => p(
+                S::BAD_REQUEST,
+                "invalid-scope",
+                "Caller could not be identified",
+                format!("{e}; nothing was executed."),
+            ),
+            Rejection::HandlerFailed => p(
+                S::INTERNAL_SERVER_ERROR,
+                "handler-failed",
+                "Request failed",
+                "The request failed and was not recorded; retrying with the same key executes it again.".into(),
+            ),
+            Rejection::ShuttingDown => p(
+                S::SERVICE_UNAVAILABLE,
+                "shutting-down",
+                "Server shutting down",
+                "The server stopped before the request finished; retry with the same key.".into(),
+            ),
+            Rejection::OutcomeUnknown => p(
+                S::INTERNAL_SERVER_ERROR,
+                "outcome-unknown",
+                "Outcome unknown",
+                "Whether the request took effect is unknown. Its key stays held until the lease ends; retry with the same key (you will get 409 until then), or read the record.".into(),
+            ),
+        }
+    }
+
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
-        match self {
-            Rejection::MissingKey
-            | Rejection::RepeatedKey
-            | Rejection::InvalidKey(_)
-            | Rejection::UnreadableBody => StatusCode::BAD_REQUEST,
-            Rejection::Scope(ScopeError::CredentialRequired) => StatusCode::UNAUTHORIZED,
-            Rejection::Scope(_) => StatusCode::BAD_REQUEST,
-            Rejection::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
-            Rejection::Mismatch => StatusCode::UNPROCESSABLE_ENTITY,
-            Rejection::InFlight { .. } => StatusCode::CONFLICT,
-            Rejection::StoreUnavailable { .. } | Rejection::ShuttingDown => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
-            Rejection::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Rejection::HandlerFailed | Rejection::OutcomeUnknown => {
-                StatusCode::INTERNAL_SERVER_ERROR
-            }
-        }
+        self.problem().status()
     }
 
     /// The problem type, a URN per kind of rejection.
-    pub fn problem_type(&self) -> &'static str {
-        match self {
-            Rejection::MissingKey => "urn:idem:problem:missing-key",
-            Rejection::RepeatedKey => "urn:idem:problem:repeated-key",
-            Rejection::InvalidKey(_) => "urn:idem:problem:invalid-key",
-            Rejection::Mismatch => "urn:idem:problem:key-reused",
-            Rejection::InFlight { .. } => "urn:idem:problem:in-flight",
-            Rejection::StoreUnavailable { .. } => "urn:idem:problem:store-unavailable",
-            Rejection::BodyTooLarge { .. } => "urn:idem:problem:body-too-large",
-            Rejection::UnreadableBody => "urn:idem:problem:unreadable-body",
-            Rejection::BodyTimeout => "urn:idem:problem:body-timeout",
-            Rejection::Scope(ScopeError::CredentialRequired) => {
-                "urn:idem:problem:credential-required"
-            }
-            Rejection::Scope(_) => "urn:idem:problem:invalid-scope",
-            Rejection::HandlerFailed => "urn:idem:problem:handler-failed",
-            Rejection::ShuttingDown => "urn:idem:problem:shutting-down",
-            Rejection::OutcomeUnknown => "urn:idem:problem:outcome-unknown",
-        }
-    }
-
-    fn title(&self) -> &'static str {
-        match self {
-            Rejection::MissingKey => "Idempotency-Key required",
-            Rejection::RepeatedKey => "More than one Idempotency-Key",
-            Rejection::InvalidKey(_) => "Invalid Idempotency-Key",
-            Rejection::Mismatch => "Idempotency-Key reused with different parameters",
-            Rejection::InFlight { .. } => "Request with this Idempotency-Key in progress",
-            Rejection::StoreUnavailable { .. } => "Idempotency store unavailable",
-            Rejection::BodyTooLarge { .. } => "Request body too large",
-            Rejection::UnreadableBody => "Request body could not be read",
-            Rejection::BodyTimeout => "Request body too slow",
-            Rejection::Scope(ScopeError::CredentialRequired) => "Credential required",
-            Rejection::Scope(_) => "Caller could not be identified",
-            Rejection::HandlerFailed => "Request failed",
-            Rejection::ShuttingDown => "Server shutting down",
-            Rejection::OutcomeUnknown => "Outcome unknown",
-        }
-    }
-
-    fn detail(&self) -> String {
-        match self {
-            Rejection::MissingKey => {
-                "This operation needs an Idempotency-Key header: one random value (a UUID) per intent, sent unchanged on every retry.".into()
-            }
-            Rejection::RepeatedKey => "Send exactly one Idempotency-Key header.".into(),
-            Rejection::InvalidKey(e) => format!("{e}."),
-            Rejection::Mismatch => {
-                "This key was first used with a different request body; a key names one intent. Use a new key for a new request.".into()
-            }
-            Rejection::InFlight { .. } => {
-                "The first request with this key has not finished. Retry after the time in Retry-After; you will get its result.".into()
-            }
-            Rejection::StoreUnavailable { .. } => {
-                "The request was not executed. Retry with the same key after the time in Retry-After.".into()
-            }
-            Rejection::BodyTooLarge { limit } => format!("The body is over the limit of {limit} bytes."),
-            Rejection::UnreadableBody => "The request body ended early or was malformed.".into(),
-            Rejection::BodyTimeout => {
-                "The request body did not arrive in time; nothing was executed. Retry with the same key.".into()
-            }
-            Rejection::Scope(e) => format!("{e}; nothing was executed."),
-            Rejection::HandlerFailed => {
-                "The request failed and was not recorded; retrying with the same key executes it again.".into()
-            }
-            Rejection::ShuttingDown => {
-                "The server stopped before the request finished; retry with the same key.".into()
-            }
-            Rejection::OutcomeUnknown => {
-                "Whether the request took effect is unknown. Its key stays held until the lease ends; retry with the same key (you will get 409 until then), or read the record.".into()
-            }
-        }
+    pub fn problem_type(&self) -> String {
+        self.problem().type_uri().to_owned()
     }
 
     pub(crate) fn outcome(&self) -> Outcome {
@@ -170,28 +181,6 @@ impl Rejection {
 
     /// The problem+json response.
     pub fn into_response(self) -> Response<Body> {
-        let status = self.status();
-        let body = serde_json::json!({
-            "type": self.problem_type(),
-            "title": self.title(),
-            "status": status.as_u16(),
-            "detail": self.detail(),
-        });
-        let mut response = Response::new(full(body.to_string()));
-        *response.status_mut() = status;
-        let headers = response.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
-        if let Rejection::InFlight { retry_after } | Rejection::StoreUnavailable { retry_after } =
-            self
-        {
-            headers.insert(
-                header::RETRY_AFTER,
-                HeaderValue::from(retry_after.as_secs().max(1)),
-            );
-        }
-        response
+        self.problem().into_response()
     }
 }

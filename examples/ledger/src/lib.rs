@@ -19,12 +19,12 @@
 use std::sync::Arc;
 
 use axum::extract::{Path, State};
-use axum::http::{StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use idem_core::{Atomic, Completion, StoreError, StoredResponse};
-use idem_http::{IdempotencyContext, IdempotencyLayer, RouteRule, stored_to_response};
+use idem_http::{IdempotencyContext, IdempotencyLayer, Problem, RouteRule, stored_to_response};
 use serde::{Deserialize, Serialize};
 
 mod pg;
@@ -133,28 +133,24 @@ pub(crate) fn committed(t: &Transfer) -> Completion {
 
 /// The response and record of a refusal for funds: deterministic, replayed.
 pub(crate) fn insufficient(balance: i64, req: &TransferRequest) -> Completion {
-    Completion::failed(json_response(
-        422,
-        &serde_json::json!({
-            "type": "urn:idem-ledger:problem:insufficient-funds",
-            "title": "Insufficient funds",
-            "status": 422,
-            "detail": format!("{} holds {balance}; the transfer needs {}", req.from, req.amount),
-        }),
-        "application/problem+json",
-    ))
+    Completion::failed(
+        Problem::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "urn:idem-ledger:problem:insufficient-funds",
+            "Insufficient funds",
+            format!(
+                "{} holds {balance}; the transfer needs {}",
+                req.from, req.amount
+            ),
+        )
+        .to_stored(),
+    )
 }
 
-fn problem(status: StatusCode, title: &str, detail: &str) -> Response {
-    let body = serde_json::json!({
-        "type": "about:blank", "title": title, "status": status.as_u16(), "detail": detail,
-    });
-    (
-        status,
-        [(header::CONTENT_TYPE, "application/problem+json")],
-        body.to_string(),
-    )
+fn problem(status: StatusCode, title: &'static str, detail: &str) -> Response {
+    Problem::new(status, "about:blank", title, detail)
         .into_response()
+        .map(axum::body::Body::new)
 }
 
 async fn transfer<L: Ledger>(

@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use axum::Router;
 use axum::extract::{Path, Query, Request, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -267,16 +267,11 @@ struct OperationQuery {
     path: Option<String>,
 }
 
-fn problem(status: StatusCode, kind: &str, title: &str, detail: &str) -> Response {
-    let body = serde_json::json!({
-        "type": format!("urn:idem:problem:{kind}"), "title": title, "status": status.as_u16(), "detail": detail,
-    });
-    (
-        status,
-        [(header::CONTENT_TYPE, "application/problem+json")],
-        body.to_string(),
-    )
+/// An idem problem document as an axum response.
+fn problem(status: StatusCode, kind: &str, title: &'static str, detail: &str) -> Response {
+    idem_http::Problem::idem(status, kind, title, detail)
         .into_response()
+        .map(axum::body::Body::new)
 }
 
 /// `GET /_idem/records/{key}`: the caller's own record, as JSON. The key

@@ -28,7 +28,7 @@ use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use idem_http::{Body, BoxError, IdempotencyContext, OutcomeUnknown, boxed, full};
+use idem_http::{Body, BoxError, IdempotencyContext, OutcomeUnknown, boxed};
 use std::future::Future as _;
 use tokio::time::{Instant, Sleep};
 use tower::Service;
@@ -220,17 +220,8 @@ fn strip_hop_by_hop(headers: &mut HeaderMap, protected: &[HeaderName]) {
     }
 }
 
-fn problem(status: StatusCode, kind: &str, title: &str, detail: &str) -> Response<Body> {
-    let body = serde_json::json!({
-        "type": format!("urn:idem:problem:{kind}"), "title": title, "status": status.as_u16(), "detail": detail,
-    });
-    let mut r = Response::new(full(body.to_string()));
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
-    );
-    r
+fn problem(status: StatusCode, kind: &str, title: &'static str, detail: &str) -> Response<Body> {
+    idem_http::Problem::idem(status, kind, title, detail).into_response()
 }
 
 impl Proxy {
