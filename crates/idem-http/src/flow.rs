@@ -49,7 +49,7 @@ pub struct OutcomeUnknown;
 
 /// Runs a store call under the layer's deadline: past it, the call counts
 /// as `Unavailable` (503, fail closed).
-async fn store_call<T>(
+pub(crate) async fn store_call<T>(
     shared: &Shared,
     op: &'static str,
     fut: impl Future<Output = Result<T, StoreError>>,

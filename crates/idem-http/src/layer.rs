@@ -86,6 +86,12 @@ impl IdempotencyLayer {
         IdempotencyLayer::builder(store).build()
     }
 
+    /// The reconciliation read path over this layer's store, scopes and
+    /// rules: mount it at `/_idem/records/{key}` (see [`ReadPath`](crate::ReadPath)).
+    pub fn read_path(&self) -> crate::ReadPath {
+        crate::read_path::ReadPath::new(self.shared.clone())
+    }
+
     /// A handle for shutdown and metrics.
     pub fn handle(&self) -> LayerHandle {
         LayerHandle {

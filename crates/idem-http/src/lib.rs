@@ -27,18 +27,34 @@
 //!    passing [`idem_core::KeyPolicy`]. Missing, repeated or invalid: 400.
 //! 3. **Scope.** From `Authorization` by default ([`ScopeSource`]): two
 //!    credentials using one key have two records, and neither sees the other's.
-//! 4. **Body.** Read up to the limit (413 beyond) and fingerprinted.
-//! 5. **Claim.** The store decides: a different fingerprint is 422; a
-//!    finished record is replayed with `Idempotent-Replayed: true`; an
-//!    in-flight one is 409 with `Retry-After`, or in wait mode the request
-//!    waits for it; a store failure is 503 and nothing runs.
+//!    A scope header that is missing, repeated or empty is a 400, never a
+//!    shared scope; `require_scope` refuses callers without a credential.
+//! 4. **Body.** Read up to the limit (413 beyond) within the body deadline
+//!    (408 beyond) and fingerprinted with the method, the route, the actual
+//!    path and query, and the media type (JSON compared by value, numbers
+//!    exactly).
+//! 5. **Claim.** The store decides, within the store deadline: a different
+//!    fingerprint is 422; a finished record is replayed with
+//!    `Idempotent-Replayed: true`; an in-flight one is 409 with
+//!    `Retry-After`, or in wait mode the request waits for it; a store
+//!    failure or a missed deadline is 503 and nothing runs.
 //! 6. **Execute.** The handler runs in a task of its own, so a client that
 //!    hangs up does not cancel it. 2xx/3xx are stored as `completed`,
 //!    deterministic 4xx as `failed`; 5xx, 408, 409, 425, 429, a panic or a
-//!    failing body release the claim so a retry executes again.
+//!    failing body release the claim so a retry executes again. A response
+//!    marked [`OutcomeUnknown`] keeps the claim until its lease ends. A
+//!    response over the response limit reaches the client whole, and the
+//!    record keeps a `response-not-stored` problem instead of its body.
 //!
 //! Every response to a keyed request carries `Idempotency-Key-Expires`.
-//! Every error is `application/problem+json` ([`Rejection`]).
+//! Every error is `application/problem+json` ([`Problem`], [`Rejection`]).
+//!
+//! # Reading a record
+//!
+//! [`IdempotencyLayer::read_path`] is a service answering
+//! `GET /_idem/records/{key}` with the caller's own record (scoped as the
+//! layer scopes requests): a client that timed out can learn what became of
+//! its key with only the key and its credential.
 //!
 //! # Atomic mode
 //!
@@ -59,7 +75,7 @@ mod flow;
 mod layer;
 pub mod metrics;
 mod problem;
-mod reconcile;
+mod read_path;
 pub mod recovery;
 mod rejection;
 mod replay;
@@ -72,7 +88,7 @@ pub use context::IdempotencyContext;
 pub use flow::{IDEMPOTENCY_KEY, OutcomeUnknown};
 pub use layer::{IdempotencyLayer, IdempotencyLayerBuilder, LayerHandle};
 pub use problem::{PROBLEM_JSON, Problem};
-pub use reconcile::{RecordView, ResponseView, lookup};
+pub use read_path::{ReadPath, RecordView, ResponseView, lookup};
 pub use rejection::Rejection;
 pub use replay::{
     DEFAULT_STORED_HEADERS, IDEMPOTENCY_KEY_EXPIRES, IDEMPOTENT_REPLAYED, http_date,

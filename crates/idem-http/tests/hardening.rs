@@ -194,3 +194,62 @@ async fn records_of_the_version_1_fingerprint_keep_replaying() {
     assert_eq!(r.status(), 409);
     assert_eq!(app.executions(), 0);
 }
+
+/// The read path as a library service: a client reconciling after a
+/// timeout needs only its key and its credential.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_read_path_service_needs_only_the_key_and_the_credential() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let probe = Arc::new(support::Probe::default());
+    let layer = idem_http::IdempotencyLayer::builder_shared(store).build();
+    let app = support::router(probe)
+        .route_service("/_idem/records/{key}", layer.read_path())
+        .layer(layer);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let c = reqwest::Client::new();
+    let k = key();
+    let r = c
+        .post(format!("{base}/orders"))
+        .header("idempotency-key", &k)
+        .header("authorization", "Bearer reader")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let read = |query: &str, auth: Option<&str>| {
+        let mut req = c.get(format!("{base}/_idem/records/{k}{query}"));
+        if let Some(a) = auth {
+            req = req.header("authorization", a);
+        }
+        req.send()
+    };
+    let mine = read("", Some("Bearer reader")).await.unwrap();
+    assert_eq!(mine.status(), 200);
+    let view: serde_json::Value = mine.json().await.unwrap();
+    assert_eq!(view["status"], "completed");
+    assert_eq!(view["operation"], "POST /orders");
+    assert_eq!(view["response"]["status"], 201);
+    let exact = read("?method=post&path=/orders", Some("Bearer reader"))
+        .await
+        .unwrap();
+    assert_eq!(exact.status(), 200);
+    assert_eq!(
+        read("?method=POST&path=/other", Some("Bearer reader"))
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
+    assert_eq!(read("", Some("Bearer other")).await.unwrap().status(), 404);
+    assert_eq!(read("", None).await.unwrap().status(), 401);
+    assert_eq!(
+        read("?method=POST", Some("Bearer reader"))
+            .await
+            .unwrap()
+            .status(),
+        400
+    );
+}

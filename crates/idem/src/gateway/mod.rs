@@ -9,13 +9,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 use axum::Router;
-use axum::extract::{Path, Query, Request, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::Request;
+use axum::http::StatusCode;
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use idem_core::{Key, Operation, RecordId, Scope, Store, Timestamp};
-use idem_http::{IdempotencyLayer, RouteRule, ScopeError, ScopeSource};
+use axum::response::Response;
+use idem_core::{Store, Timestamp};
+use idem_http::{IdempotencyLayer, ScopeSource};
 use metrics_exporter_prometheus::PrometheusBuilder;
 use tokio::net::TcpListener;
 use tower::Layer;
@@ -73,16 +72,11 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
         &cfg.scope_headers,
     ));
 
-    let lookup = Lookup {
-        store: store.clone(),
-        scope,
-        routes: cfg.routes.clone(),
-        anonymous_reads: cfg.anonymous_reads,
-        store_timeout: cfg.store_timeout,
-    };
     let app = Router::new()
-        .route("/_idem/records/{key}", get(read_record))
-        .with_state(Arc::new(lookup))
+        .route_service(
+            "/_idem/records/{key}",
+            layer.read_path().anonymous_reads(cfg.anonymous_reads),
+        )
         .fallback_service(proxied)
         .layer(axum::middleware::from_fn(refuse_ambiguous_paths));
 
@@ -215,12 +209,14 @@ async fn sweep(
 /// (RFC 3986 section 6.2.2 lets a server decode `%61` to `a`).
 async fn refuse_ambiguous_paths(req: Request, next: Next) -> Response {
     if let Some(why) = ambiguous_path(req.uri().path()) {
-        return problem(
+        return idem_http::Problem::idem(
             StatusCode::BAD_REQUEST,
             "invalid-path",
             "Invalid path",
-            &format!("The path {why}; send the plain, resolved path."),
-        );
+            format!("The path {why}; send the plain, resolved path."),
+        )
+        .into_response()
+        .map(axum::body::Body::new);
     }
     next.run(req).await
 }
@@ -251,125 +247,6 @@ fn ambiguous_path(path: &str) -> Option<&'static str> {
         bare == "." || bare == ".."
     });
     dots.then_some("has a '.' or '..' segment")
-}
-
-struct Lookup {
-    store: Arc<dyn Store>,
-    scope: ScopeSource,
-    routes: Vec<RouteRule>,
-    anonymous_reads: bool,
-    store_timeout: Duration,
-}
-
-#[derive(serde::Deserialize)]
-struct OperationQuery {
-    method: Option<String>,
-    path: Option<String>,
-}
-
-/// An idem problem document as an axum response.
-fn problem(status: StatusCode, kind: &str, title: &'static str, detail: &str) -> Response {
-    idem_http::Problem::idem(status, kind, title, detail)
-        .into_response()
-        .map(axum::body::Body::new)
-}
-
-/// `GET /_idem/records/{key}`: the caller's own record, as JSON. The key
-/// and the caller's credential (or scope headers) are enough; `?method=`
-/// and `?path=` (the request's path) pick one operation when the key was
-/// used on several, otherwise the newest record is shown.
-async fn read_record(
-    State(l): State<Arc<Lookup>>,
-    Path(key): Path<String>,
-    Query(q): Query<OperationQuery>,
-    headers: HeaderMap,
-) -> Response {
-    let Ok(key) = Key::new(key) else {
-        return problem(
-            StatusCode::BAD_REQUEST,
-            "invalid-key",
-            "Invalid Idempotency-Key",
-            "The key in the path is not 1 to 255 printable ASCII characters.",
-        );
-    };
-    let mut req = http::Request::new(());
-    *req.headers_mut() = headers;
-    let (parts, ()) = req.into_parts();
-    let scope: Scope = match l.scope.scope_of(&parts) {
-        Ok(s) if s == Scope::anonymous() && !l.anonymous_reads => {
-            return problem(
-                StatusCode::UNAUTHORIZED,
-                "credential-required",
-                "Credential required",
-                &ScopeError::CredentialRequired.to_string(),
-            );
-        }
-        Ok(s) => s,
-        Err(e) => {
-            return problem(
-                StatusCode::BAD_REQUEST,
-                "invalid-scope",
-                "Caller could not be identified",
-                &e.to_string(),
-            );
-        }
-    };
-    let now = Timestamp::now();
-    let found = match (q.method, q.path) {
-        (Some(m), Some(p)) => {
-            let Ok(method) = http::Method::from_bytes(m.to_ascii_uppercase().as_bytes()) else {
-                return problem(
-                    StatusCode::BAD_REQUEST,
-                    "invalid-operation",
-                    "Invalid method",
-                    "?method= is not an HTTP method.",
-                );
-            };
-            let operation = operation_of(&l.routes, &method, &p);
-            let id = RecordId::new(scope, operation, key);
-            within(l.store_timeout, l.store.get(&id, now))
-                .await
-                .map(|r| r.into_iter().collect::<Vec<_>>())
-        }
-        (None, None) => within(l.store_timeout, l.store.find_by_key(&scope, &key, now, 1)).await,
-        _ => {
-            return problem(
-                StatusCode::BAD_REQUEST,
-                "invalid-operation",
-                "Operation incomplete",
-                "Give both ?method= and ?path=, or neither.",
-            );
-        }
-    };
-    match found {
-        Ok(records) => match records.first() {
-            Some(record) => axum::Json(idem_http::RecordView::from(record)).into_response(),
-            None => problem(
-                StatusCode::NOT_FOUND,
-                "record-not-found",
-                "No such record",
-                "No live record for this key and credential.",
-            ),
-        },
-        Err(e) => {
-            tracing::warn!(error = %e, "record look-up failed");
-            problem(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "store-unavailable",
-                "Idempotency store unavailable",
-                "Retry later.",
-            )
-        }
-    }
-}
-
-/// The operation the layer gives a request with `method` on `path`: the
-/// first matching rule's pattern, else the literal path.
-fn operation_of(routes: &[RouteRule], method: &http::Method, path: &str) -> Operation {
-    routes.iter().find(|r| r.matches(method, path)).map_or_else(
-        || Operation::new(method.as_str(), path),
-        |r| r.operation(method),
-    )
 }
 
 /// A store call under the gateway's store deadline.
