@@ -105,14 +105,13 @@ pub(crate) async fn run(cmd: RecordsCommand) -> anyhow::Result<()> {
                 .unwrap_or_default();
             let store = stores::open(&store).await?;
             let cutoff = Timestamp::now() - age;
-            let mut total = 0;
-            loop {
-                let n = store.purge_expired(cutoff, 1000).await.context("purging")?;
-                total += n;
-                if n < 1000 {
-                    break;
-                }
-            }
+            let total = idem_http::maintenance::purge_expired(
+                &*store,
+                cutoff,
+                idem_http::maintenance::PURGE_BATCH,
+            )
+            .await
+            .context("purging")?;
             println!("purged {total} expired records");
             Ok(())
         }

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use idem_http::IdempotencyLayer;
+use idem_http::maintenance::Maintenance;
 use idem_ledger::{Ledger, PostgresLedger, SqliteLedger, router, transfer_rule};
 
 struct Args {
@@ -36,7 +37,7 @@ fn parse() -> Result<Args, String> {
     Ok(args)
 }
 
-async fn serve<L: Ledger>(
+async fn serve<L: Ledger + idem_core::Reconcile>(
     ledger: L,
     layer_store: impl idem_core::Store,
     args: &Args,
@@ -45,10 +46,18 @@ async fn serve<L: Ledger>(
         .seed(args.accounts, 10_000)
         .await
         .map_err(|e| e.to_string())?;
-    let layer = IdempotencyLayer::builder(layer_store)
+    let store: Arc<dyn idem_core::Store> = Arc::new(layer_store);
+    let layer = IdempotencyLayer::builder_shared(store.clone())
         .route(transfer_rule())
         .build();
-    let app = router(Arc::new(ledger), layer);
+    let ledger = Arc::new(ledger);
+    // Expired records purged; stale transfers settled from the ledger's
+    // own rows (completed if the transfer exists, released if not).
+    Maintenance::new(store)
+        .interval(std::time::Duration::from_secs(10))
+        .reconcile(ledger.clone())
+        .spawn(tokio_util::sync::CancellationToken::new());
+    let app = router(ledger, layer);
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .map_err(|e| format!("{}: {e}", args.listen))?;

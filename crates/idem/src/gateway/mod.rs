@@ -13,7 +13,7 @@ use axum::extract::Request;
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::Response;
-use idem_core::{Store, Timestamp};
+use idem_http::maintenance::Maintenance;
 use idem_http::{IdempotencyLayer, ScopeSource};
 use metrics_exporter_prometheus::PrometheusBuilder;
 use tokio::net::TcpListener;
@@ -26,9 +26,6 @@ use crate::stores;
 const BUCKETS: [f64; 13] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 ];
-
-/// Records purged by the sweeper.
-const PURGED: &str = "idem_records_purged_total";
 
 pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
     let prometheus = PrometheusBuilder::new()
@@ -82,21 +79,14 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
 
     let shutdown = tokio_util::sync::CancellationToken::new();
     tokio::spawn(signals(shutdown.clone()));
-    tokio::spawn(sweep(
-        store.clone(),
-        cfg.sweep_interval,
-        cfg.store_timeout,
-        shutdown.clone(),
-    ));
-    // Stale claims (a gateway died mid-request) are released after their
-    // lease: the gateway cannot see whether the upstream acted, and the
-    // upstream got the same Idempotency-Key to deduplicate the retry.
-    tokio::spawn(idem_http::recovery::run_reconciler(
-        store.clone(),
-        Arc::new(idem_core::ReleaseAll),
-        cfg.sweep_interval,
-        shutdown.clone(),
-    ));
+    // Expired records are purged, and stale claims (a gateway died
+    // mid-request) released after their lease: the gateway cannot see
+    // whether the upstream acted, and the upstream got the same
+    // Idempotency-Key to deduplicate the retry.
+    Maintenance::new(store.clone())
+        .interval(cfg.sweep_interval)
+        .reconcile(Arc::new(idem_core::ReleaseAll))
+        .spawn(shutdown.clone());
     {
         let (prometheus, handle, shutdown) = (prometheus.clone(), handle.clone(), shutdown.clone());
         tokio::spawn(async move {
@@ -172,36 +162,6 @@ async fn signals(shutdown: tokio_util::sync::CancellationToken) {
     shutdown.cancel();
 }
 
-/// Purges expired records in batches of 1,000 every `interval`.
-async fn sweep(
-    store: Arc<dyn Store>,
-    interval: Duration,
-    store_timeout: Duration,
-    shutdown: tokio_util::sync::CancellationToken,
-) {
-    let mut tick = tokio::time::interval(interval);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            () = shutdown.cancelled() => return,
-        }
-        loop {
-            match within(store_timeout, store.purge_expired(Timestamp::now(), 1000)).await {
-                Ok(n) => {
-                    metrics::counter!(PURGED).increment(n as u64);
-                    if n < 1000 {
-                        break;
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "purge failed; retrying at the next sweep");
-                    break;
-                }
-            }
-        }
-    }
-}
-
 /// Refuses request paths that an upstream might resolve to another
 /// resource than the one the route rules and the fingerprint saw: `.` and
 /// `..` segments (also `..;x`, as Tomcat reads it), backslashes, and
@@ -247,21 +207,6 @@ fn ambiguous_path(path: &str) -> Option<&'static str> {
         bare == "." || bare == ".."
     });
     dots.then_some("has a '.' or '..' segment")
-}
-
-/// A store call under the gateway's store deadline.
-async fn within<T>(
-    deadline: Duration,
-    fut: impl std::future::Future<Output = Result<T, idem_core::StoreError>>,
-) -> Result<T, idem_core::StoreError> {
-    tokio::time::timeout(deadline, fut)
-        .await
-        .unwrap_or_else(|_| {
-            Err(idem_core::StoreError::new(
-                idem_core::StoreErrorKind::Unavailable,
-                "store look-up timed out",
-            ))
-        })
 }
 
 #[cfg(test)]

@@ -1,0 +1,225 @@
+//! Keeping a store tidy while it serves: expired records purged in bounded
+//! batches, and stale claims (an executor died mid-request) handed to
+//! recovery, on one interval, with metrics. The gateway runs exactly this;
+//! a library user starts it with [`Maintenance::spawn`].
+//!
+//! Metrics: `idem_records_purged_total`, and `idem_reconciled_total{action}`
+//! for what each recovery pass did (`completed`, `released`, `left`,
+//! `superseded`: a late executor finished first).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::{
+    Reconcile, ReconcileReport, Store, StoreError, StoreErrorKind, Timestamp, reconcile_once,
+};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// Reconciliation counter.
+pub const RECONCILED: &str = "idem_reconciled_total";
+/// Records purged.
+pub const PURGED: &str = "idem_records_purged_total";
+/// Records deleted per purge call.
+pub const PURGE_BATCH: usize = 1000;
+/// Stale records handed to recovery per pass.
+const RECONCILE_BATCH: usize = 100;
+
+/// Deletes every record expired at `cutoff`, `batch` at a time (each batch
+/// one store call, so traffic is never blocked for long); answers how many.
+///
+/// # Errors
+/// The first [`StoreError`]; what was purged before it stays purged.
+pub async fn purge_expired(
+    store: &dyn Store,
+    cutoff: Timestamp,
+    batch: usize,
+) -> Result<usize, StoreError> {
+    let batch = batch.max(1);
+    let mut total = 0;
+    loop {
+        let n = store.purge_expired(cutoff, batch).await?;
+        metrics::counter!(PURGED).increment(n as u64);
+        total += n;
+        if n < batch {
+            return Ok(total);
+        }
+    }
+}
+
+/// Adds a recovery pass's report to the metrics.
+pub fn record(report: &ReconcileReport) {
+    for (action, n) in [
+        ("completed", report.completed),
+        ("released", report.released),
+        ("left", report.left),
+        ("superseded", report.superseded),
+    ] {
+        if n > 0 {
+            metrics::counter!(RECONCILED, "action" => action).increment(n);
+        }
+    }
+}
+
+/// The maintenance loop over one store: every `interval`, purge expired
+/// records, then run one recovery pass if a [`Reconcile`] is given.
+#[derive(Clone)]
+pub struct Maintenance {
+    store: Arc<dyn Store>,
+    interval: Duration,
+    store_timeout: Duration,
+    reconcile: Option<Arc<dyn Reconcile>>,
+}
+
+impl std::fmt::Debug for Maintenance {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Maintenance")
+            .field("interval", &self.interval)
+            .field("store_timeout", &self.store_timeout)
+            .field("reconcile", &self.reconcile.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Maintenance {
+    /// Purging only, every 60 s, each pass bounded by 30 s.
+    pub fn new(store: Arc<dyn Store>) -> Maintenance {
+        Maintenance {
+            store,
+            interval: Duration::from_secs(60),
+            store_timeout: Duration::from_secs(30),
+            reconcile: None,
+        }
+    }
+
+    /// How often a pass runs. Default 60 s.
+    pub fn interval(mut self, every: Duration) -> Maintenance {
+        self.interval = every.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The longest one purge or recovery pass may take; a stalled store
+    /// is given up on and tried again at the next tick. Default 30 s.
+    pub fn store_timeout(mut self, d: Duration) -> Maintenance {
+        self.store_timeout = d;
+        self
+    }
+
+    /// Hands stale claims to `reconcile` on each pass (the gateway uses
+    /// [`idem_core::ReleaseAll`]; an application that can see its own state
+    /// decides per record, as the ledger example does).
+    pub fn reconcile(mut self, reconcile: Arc<dyn Reconcile>) -> Maintenance {
+        self.reconcile = Some(reconcile);
+        self
+    }
+
+    /// One pass: purge, then recovery. Failures are logged; the next pass
+    /// tries again.
+    pub async fn run_once(&self) {
+        let purged = tokio::time::timeout(
+            self.store_timeout,
+            purge_expired(&*self.store, Timestamp::now(), PURGE_BATCH),
+        )
+        .await
+        .unwrap_or_else(|_| Err(timed_out("purge")));
+        if let Err(e) = purged {
+            tracing::warn!(error = %e, "purge failed; retrying at the next pass");
+        }
+        if let Some(reconcile) = &self.reconcile {
+            let pass = tokio::time::timeout(
+                self.store_timeout,
+                reconcile_once(
+                    &*self.store,
+                    &**reconcile,
+                    Timestamp::now(),
+                    RECONCILE_BATCH,
+                ),
+            )
+            .await
+            .unwrap_or_else(|_| Err(timed_out("reconciliation")));
+            match pass {
+                Ok(report) => record(&report),
+                Err(e) => {
+                    tracing::warn!(error = %e, "reconciliation failed; retrying at the next pass");
+                }
+            }
+        }
+    }
+
+    /// Runs a pass every interval until `stop` is cancelled.
+    pub fn spawn(self, stop: CancellationToken) -> JoinHandle<()> {
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(self.interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    () = stop.cancelled() => return,
+                }
+                self.run_once().await;
+            }
+        })
+    }
+}
+
+fn timed_out(what: &str) -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Unavailable,
+        format!("{what} took longer than its deadline"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use idem_core::{
+        Claim, ClaimRequest, Fingerprint, Key, MemoryStore, Operation, RecordId, ReleaseAll, Scope,
+    };
+
+    fn claim(n: usize, now: Timestamp, lease: Duration, ttl: Duration) -> ClaimRequest {
+        let op = Operation::new("POST", "/m");
+        ClaimRequest {
+            id: RecordId::new(
+                Scope::anonymous(),
+                op.clone(),
+                Key::new(format!("maintenance-{n:08}")).unwrap(),
+            ),
+            fingerprint: Fingerprint::compute(&op, None, b"", &Default::default()),
+            now,
+            lease,
+            ttl,
+        }
+    }
+
+    #[tokio::test]
+    async fn one_pass_purges_every_expired_record_and_settles_stale_claims() {
+        let store = Arc::new(MemoryStore::new());
+        let long_ago = Timestamp::now() - Duration::from_secs(7200);
+        // 2,500 expired records: three purge batches.
+        for n in 0..2500 {
+            let req = claim(n, long_ago, Duration::from_secs(1), Duration::from_secs(60));
+            assert!(matches!(
+                store.claim(&req).await.unwrap(),
+                Claim::Acquired(_)
+            ));
+        }
+        // One live record whose executor died: lease over, ttl not.
+        let stale = claim(
+            9999,
+            long_ago,
+            Duration::from_secs(1),
+            Duration::from_secs(86_400),
+        );
+        assert!(matches!(
+            store.claim(&stale).await.unwrap(),
+            Claim::Acquired(_)
+        ));
+        assert_eq!(store.len(), 2501);
+
+        Maintenance::new(store.clone())
+            .reconcile(Arc::new(ReleaseAll))
+            .run_once()
+            .await;
+        assert_eq!(store.len(), 0, "expired purged, the stale claim released");
+    }
+}
