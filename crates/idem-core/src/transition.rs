@@ -7,6 +7,44 @@
 use crate::record::{Fence, Record, Status};
 use crate::store::{Claim, ClaimRequest, Completion, Lease};
 
+/// A claim's outcome as a number, for stores that decide inside the backend
+/// (the PostgreSQL claim function, the Redis claim script) and report back
+/// one code per row of the state machine. Those scripts write these very
+/// numbers; this is the one place they are named.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ClaimCode {
+    /// Absent or expired: claimed, execute.
+    Acquired = 0,
+    /// Another executor's lease is live.
+    InFlight = 1,
+    /// Finished: replay the stored response.
+    Replay = 2,
+    /// A live record with another fingerprint.
+    Mismatch = 3,
+    /// An abandoned execution's lease ended: taken over, execute.
+    TakenOver = 4,
+}
+
+impl ClaimCode {
+    /// The code a backend reported; `None` for any other number.
+    pub fn from_code(code: i64) -> Option<ClaimCode> {
+        Some(match code {
+            0 => ClaimCode::Acquired,
+            1 => ClaimCode::InFlight,
+            2 => ClaimCode::Replay,
+            3 => ClaimCode::Mismatch,
+            4 => ClaimCode::TakenOver,
+            _ => return None,
+        })
+    }
+
+    /// The number.
+    pub const fn code(self) -> i64 {
+        self as i64
+    }
+}
+
 /// The outcome of a claim: the answer, and the record to write if any.
 #[derive(Debug)]
 pub struct ClaimStep {
@@ -84,4 +122,30 @@ pub fn complete(record: &mut Record, completion: Completion) {
     record.resource_id = completion.resource_id;
     record.response = Some(completion.response);
     record.lease_until = None;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ClaimCode;
+
+    /// The PostgreSQL function and the Redis script write these numbers:
+    /// they must never change.
+    #[test]
+    fn claim_codes_are_stable() {
+        for (n, code) in [
+            ClaimCode::Acquired,
+            ClaimCode::InFlight,
+            ClaimCode::Replay,
+            ClaimCode::Mismatch,
+            ClaimCode::TakenOver,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            assert_eq!(code.code(), n as i64);
+            assert_eq!(ClaimCode::from_code(n as i64), Some(code));
+        }
+        assert_eq!(ClaimCode::from_code(5), None);
+        assert_eq!(ClaimCode::from_code(-1), None);
+    }
 }

@@ -95,6 +95,7 @@ use std::time::Duration;
 use deadpool_postgres::{
     Hook, HookError, Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime,
 };
+use idem_core::transition::ClaimCode;
 use idem_core::{
     BoxFuture, Claim, ClaimRequest, Completion, Fence, Fingerprint, Key, Lease, Operation, Record,
     RecordId, Scope, Settled, StaleCursor, Status, Store, StoreError, StoreErrorKind,
@@ -425,18 +426,19 @@ fn claim_from_row(req: &ClaimRequest, row: &Row) -> Result<Claim, StoreError> {
     let created_at = Timestamp::from_millis(row.try_get(2).map_err(get_err)?);
     let lease_until: Option<i64> = row.try_get(3).map_err(get_err)?;
     let expires_at = Timestamp::from_millis(row.try_get(4).map_err(get_err)?);
-    Ok(match outcome {
-        0 | 4 => Claim::Acquired(Lease {
+    let code = ClaimCode::from_code(i64::from(outcome)).ok_or_else(|| corrupt("claim outcome"))?;
+    Ok(match code {
+        ClaimCode::Acquired | ClaimCode::TakenOver => Claim::Acquired(Lease {
             fence,
             lease_until: Timestamp::from_millis(lease_until.unwrap_or_default()),
             expires_at,
-            takeover: outcome == 4,
+            takeover: code == ClaimCode::TakenOver,
         }),
-        1 => Claim::InFlight {
+        ClaimCode::InFlight => Claim::InFlight {
             lease_until: Timestamp::from_millis(lease_until.unwrap_or_default()),
             expires_at,
         },
-        2 => {
+        ClaimCode::Replay => {
             let status: i16 = row.try_get(5).map_err(get_err)?;
             Claim::Replay(Box::new(Record {
                 id: req.id.clone(),
@@ -454,8 +456,7 @@ fn claim_from_row(req: &ClaimRequest, row: &Row) -> Result<Claim, StoreError> {
                 expires_at,
             }))
         }
-        3 => Claim::Mismatch { expires_at },
-        _ => return Err(corrupt("claim outcome")),
+        ClaimCode::Mismatch => Claim::Mismatch { expires_at },
     })
 }
 

@@ -59,6 +59,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use idem_core::transition::ClaimCode;
 use idem_core::{
     BoxFuture, Claim, ClaimRequest, Completion, Fence, Fingerprint, Key, Lease, Operation, Record,
     RecordId, Scope, Settled, StaleCursor, Status, Store, StoreError, StoreErrorKind,
@@ -433,21 +434,22 @@ impl RedisStore {
             .invoke_async(&mut conn)
             .await
             .map_err(|e| redis_error("claiming", e))?;
-        let outcome = need(int(&items, 0)?, "outcome")?;
+        let code = ClaimCode::from_code(need(int(&items, 0)?, "outcome")?)
+            .ok_or_else(|| corrupt("claim outcome"))?;
         let expires_at = Timestamp::from_millis(need(int(&items, 4)?, "expires_at")?);
         let lease_until = int(&items, 3)?.map(Timestamp::from_millis);
-        Ok(match outcome {
-            0 | 4 => Claim::Acquired(Lease {
+        Ok(match code {
+            ClaimCode::Acquired | ClaimCode::TakenOver => Claim::Acquired(Lease {
                 fence: fence_of(int(&items, 1)?)?,
                 lease_until: lease_until.ok_or_else(|| corrupt("lease"))?,
                 expires_at,
-                takeover: outcome == 4,
+                takeover: code == ClaimCode::TakenOver,
             }),
-            1 => Claim::InFlight {
+            ClaimCode::InFlight => Claim::InFlight {
                 lease_until: lease_until.ok_or_else(|| corrupt("lease"))?,
                 expires_at,
             },
-            2 => {
+            ClaimCode::Replay => {
                 let (resource_id, response) = finished_parts(&items)?;
                 Claim::Replay(Box::new(Record {
                     id: req.id.clone(),
@@ -461,8 +463,7 @@ impl RedisStore {
                     expires_at,
                 }))
             }
-            3 => Claim::Mismatch { expires_at },
-            _ => return Err(corrupt("claim outcome")),
+            ClaimCode::Mismatch => Claim::Mismatch { expires_at },
         })
     }
 

@@ -3,7 +3,8 @@
 -- ARGV: fingerprint, now, lease_until, expires_at (milliseconds), operation
 -- Reply: {outcome, fence, created_at, lease_until, expires_at, status,
 --         resource_id, response_status, response_headers, response_body}
--- outcome: 0 acquired, 1 in flight, 2 replay, 3 mismatch, 4 takeover.
+-- outcome: 0 acquired, 1 in flight, 2 replay, 3 mismatch, 4 takeover
+-- (named once, in idem_core::transition::ClaimCode).
 local now = tonumber(ARGV[2])
 local r = redis.call('HMGET', KEYS[1], 'fp', 'st', 'fence', 'ca', 'lu', 'ea', 'rid', 'rs', 'rh', 'rb')
 local taken = 0
