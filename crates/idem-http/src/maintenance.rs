@@ -26,19 +26,24 @@ pub const PURGE_BATCH: usize = 1000;
 const RECONCILE_BATCH: usize = 100;
 
 /// Deletes every record expired at `cutoff`, `batch` at a time (each batch
-/// one store call, so traffic is never blocked for long); answers how many.
+/// one store call, so traffic is never blocked for long, and each under
+/// `batch_timeout`); answers how many.
 ///
 /// # Errors
-/// The first [`StoreError`]; what was purged before it stays purged.
+/// The first [`StoreError`] (a batch past its deadline counts as
+/// unavailable); what was purged before it stays purged.
 pub async fn purge_expired(
     store: &dyn Store,
     cutoff: Timestamp,
     batch: usize,
+    batch_timeout: Duration,
 ) -> Result<usize, StoreError> {
     let batch = batch.max(1);
     let mut total = 0;
     loop {
-        let n = store.purge_expired(cutoff, batch).await?;
+        let n = tokio::time::timeout(batch_timeout, store.purge_expired(cutoff, batch))
+            .await
+            .unwrap_or_else(|_| Err(timed_out("a purge batch")))?;
         metrics::counter!(PURGED).increment(n as u64);
         total += n;
         if n < batch {
@@ -61,8 +66,9 @@ pub fn record(report: &ReconcileReport) {
     }
 }
 
-/// The maintenance loop over one store: every `interval`, purge expired
-/// records, then run one recovery pass if a [`Reconcile`] is given.
+/// The maintenance loops over one store: every `interval`, purge expired
+/// records and, if a [`Reconcile`] is given, run one recovery pass (two
+/// loops, so a slow purge never holds back recovery).
 #[derive(Clone)]
 pub struct Maintenance {
     store: Arc<dyn Store>,
@@ -82,12 +88,12 @@ impl std::fmt::Debug for Maintenance {
 }
 
 impl Maintenance {
-    /// Purging only, every 60 s, each pass bounded by 30 s.
+    /// Purging only, every 60 s, each store call bounded by 5 s.
     pub fn new(store: Arc<dyn Store>) -> Maintenance {
         Maintenance {
             store,
             interval: Duration::from_secs(60),
-            store_timeout: Duration::from_secs(30),
+            store_timeout: Duration::from_secs(5),
             reconcile: None,
         }
     }
@@ -98,8 +104,9 @@ impl Maintenance {
         self
     }
 
-    /// The longest one purge or recovery pass may take; a stalled store
-    /// is given up on and tried again at the next tick. Default 30 s.
+    /// The longest one purge batch may take, and one recovery pass per
+    /// stale record it handles; a stalled store is given up on and tried
+    /// again at the next tick. Default 5 s.
     pub fn store_timeout(mut self, d: Duration) -> Maintenance {
         self.store_timeout = d;
         self
@@ -116,48 +123,71 @@ impl Maintenance {
     /// One pass: purge, then recovery. Failures are logged; the next pass
     /// tries again.
     pub async fn run_once(&self) {
-        let purged = tokio::time::timeout(
+        self.purge_pass().await;
+        self.reconcile_pass().await;
+    }
+
+    async fn purge_pass(&self) {
+        let purged = purge_expired(
+            &*self.store,
+            Timestamp::now(),
+            PURGE_BATCH,
             self.store_timeout,
-            purge_expired(&*self.store, Timestamp::now(), PURGE_BATCH),
         )
-        .await
-        .unwrap_or_else(|_| Err(timed_out("purge")));
+        .await;
         if let Err(e) = purged {
             tracing::warn!(error = %e, "purge failed; retrying at the next pass");
         }
-        if let Some(reconcile) = &self.reconcile {
-            let pass = tokio::time::timeout(
-                self.store_timeout,
-                reconcile_once(
-                    &*self.store,
-                    &**reconcile,
-                    Timestamp::now(),
-                    RECONCILE_BATCH,
-                ),
-            )
-            .await
-            .unwrap_or_else(|_| Err(timed_out("reconciliation")));
-            match pass {
-                Ok(report) => record(&report),
-                Err(e) => {
-                    tracing::warn!(error = %e, "reconciliation failed; retrying at the next pass");
-                }
+    }
+
+    async fn reconcile_pass(&self) {
+        let Some(reconcile) = &self.reconcile else {
+            return;
+        };
+        // Listing, then one resolution per stale record.
+        let calls = u32::try_from(RECONCILE_BATCH + 1).unwrap_or(u32::MAX);
+        let pass = tokio::time::timeout(
+            self.store_timeout.saturating_mul(calls),
+            reconcile_once(
+                &*self.store,
+                &**reconcile,
+                Timestamp::now(),
+                RECONCILE_BATCH,
+            ),
+        )
+        .await
+        .unwrap_or_else(|_| Err(timed_out("reconciliation")));
+        match pass {
+            Ok(report) => record(&report),
+            Err(e) => {
+                tracing::warn!(error = %e, "reconciliation failed; retrying at the next pass");
             }
         }
     }
 
-    /// Runs a pass every interval until `stop` is cancelled.
+    /// Runs the purge loop and the recovery loop, each every interval, until
+    /// `stop` is cancelled.
     pub fn spawn(self, stop: CancellationToken) -> JoinHandle<()> {
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(self.interval);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = tick.tick() => {}
-                    () = stop.cancelled() => return,
+            let every = |this: Maintenance, stop: CancellationToken, reconcile: bool| async move {
+                let mut tick = tokio::time::interval(this.interval);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tokio::select! {
+                        _ = tick.tick() => {}
+                        () = stop.cancelled() => return,
+                    }
+                    if reconcile {
+                        this.reconcile_pass().await;
+                    } else {
+                        this.purge_pass().await;
+                    }
                 }
-                self.run_once().await;
-            }
+            };
+            tokio::join!(
+                every(self.clone(), stop.clone(), false),
+                every(self, stop, true)
+            );
         })
     }
 }

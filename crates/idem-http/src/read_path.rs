@@ -4,11 +4,13 @@
 //! caller's own record as JSON ([`RecordView`]): the key and the caller's
 //! credential (or scope headers, as the layer derives them) are enough;
 //! `?method=POST&path=/transfers/7` picks one operation when the key was
-//! used on several, otherwise the newest record is shown. Mount it next to
-//! the protected routes, e.g. with axum:
+//! used on several, otherwise the newest record is shown. Other methods
+//! get 405. Mount it next to the protected routes but outside the layer,
+//! e.g. with axum (routes added after `.layer` are not wrapped by it):
 //!
 //! ```ignore
-//! Router::new().route_service("/_idem/records/{key}", layer.read_path())
+//! let read_path = layer.read_path();
+//! Router::new().route(...).layer(layer).route_service("/_idem/records/{key}", read_path)
 //! ```
 //!
 //! Records of the anonymous scope (callers without a credential) are not
@@ -274,6 +276,20 @@ impl<B> tower::Service<Request<B>> for ReadPath {
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let (parts, _body) = req.into_parts();
+        if parts.method != Method::GET && parts.method != Method::HEAD {
+            let mut response = Problem::idem(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method-not-allowed",
+                "Method not allowed",
+                "Records are read with GET.",
+            )
+            .into_response();
+            response.headers_mut().insert(
+                http::header::ALLOW,
+                http::HeaderValue::from_static("GET, HEAD"),
+            );
+            return Box::pin(async move { Ok(response) });
+        }
         let this = self.clone();
         Box::pin(async move { Ok(this.answer(parts).await) })
     }

@@ -202,9 +202,10 @@ async fn the_read_path_service_needs_only_the_key_and_the_credential() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let probe = Arc::new(support::Probe::default());
     let layer = idem_http::IdempotencyLayer::builder_shared(store).build();
+    let read_path = layer.read_path();
     let app = support::router(probe)
-        .route_service("/_idem/records/{key}", layer.read_path())
-        .layer(layer);
+        .layer(layer)
+        .route_service("/_idem/records/{key}", read_path);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
@@ -252,4 +253,15 @@ async fn the_read_path_service_needs_only_the_key_and_the_credential() {
             .status(),
         400
     );
+    // Records are read, never written, there.
+    let post = c
+        .post(format!("{base}/_idem/records/{k}"))
+        .header("idempotency-key", key())
+        .header("authorization", "Bearer reader")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(post.status(), 405);
+    assert_eq!(post.headers()["allow"], "GET, HEAD");
 }

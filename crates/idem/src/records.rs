@@ -109,6 +109,7 @@ pub(crate) async fn run(cmd: RecordsCommand) -> anyhow::Result<()> {
                 &*store,
                 cutoff,
                 idem_http::maintenance::PURGE_BATCH,
+                std::time::Duration::from_secs(60),
             )
             .await
             .context("purging")?;

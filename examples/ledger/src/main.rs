@@ -2,7 +2,8 @@
 //!
 //! Serves the ledger example with `POST /transfers` protected by idem in
 //! atomic mode. Defaults: 127.0.0.1:8081, `sqlite:ledger.db`, 100 accounts
-//! of 10,000 each.
+//! of 10,000 each. Every 10 s it purges expired records and settles stale
+//! transfers from its own rows (`idem_http::maintenance`).
 
 use std::process::ExitCode;
 use std::sync::Arc;

@@ -85,6 +85,7 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
     // Idempotency-Key to deduplicate the retry.
     Maintenance::new(store.clone())
         .interval(cfg.sweep_interval)
+        .store_timeout(cfg.store_timeout)
         .reconcile(Arc::new(idem_core::ReleaseAll))
         .spawn(shutdown.clone());
     {
