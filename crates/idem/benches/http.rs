@@ -6,9 +6,14 @@
 //! 2. `idem serve` (the release binary, its own process) in front of an
 //!    upstream, against the same upstream reached directly.
 //!
-//! Each for new keys and replays, on the memory and SQLite stores.
+//! Each for new keys and replays, on the memory and SQLite stores; the
+//! gateway also for passthrough (no key), with its CPU per request: the
+//! process's utime+stime from `/proc/PID/stat` over the requests it served
+//! (steadier than requests/s on a shared machine).
 //! `IDEM_BENCH_SECS` (default 5) sets the seconds per figure;
-//! `IDEM_BENCH_CONCURRENCY` (default 32) the client tasks. The load
+//! `IDEM_BENCH_CONCURRENCY` (default 32) the client tasks;
+//! `IDEM_BENCH_ONLY=gateway` skips the layer; `IDEM_BENCH_BIN` runs another
+//! `idem` binary as the gateway (an older build, for before/after). The load
 //! generator is reqwest with keep-alive connections in this process, so
 //! client, gateway and upstream share the 2 cores alike in every row.
 
@@ -58,8 +63,9 @@ enum Keys {
     Replay,
 }
 
-/// Requests per second and p99 latency (ms) against `url`.
-async fn load(url: &str, keys: Keys, secs: u64, tasks: u64) -> (f64, f64) {
+/// Requests per second and p99 latency (ms) against `url`, and how many
+/// requests were sent in all (warm-up included).
+async fn load_counted(url: &str, keys: Keys, secs: u64, tasks: u64) -> ((f64, f64), u64) {
     static RUN: AtomicU64 = AtomicU64::new(0);
     let run = RUN.fetch_add(1, Ordering::Relaxed);
     let client = reqwest::Client::new();
@@ -96,35 +102,74 @@ async fn load(url: &str, keys: Keys, secs: u64, tasks: u64) -> (f64, f64) {
                         latencies.push(start.elapsed());
                     }
                 }
-                latencies
+                (latencies, n)
             })
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(300) + Duration::from_secs(secs)).await;
     stop.store(true, Ordering::Relaxed);
     let mut all = Vec::new();
+    let mut sent = 0;
     for h in handles {
-        all.extend(h.await.expect("task"));
+        let (latencies, n) = h.await.expect("task");
+        all.extend(latencies);
+        sent += n;
     }
     all.sort();
     let p99 = all.get(all.len() * 99 / 100).copied().unwrap_or_default();
-    (all.len() as f64 / secs as f64, p99.as_secs_f64() * 1000.0)
+    (
+        (all.len() as f64 / secs as f64, p99.as_secs_f64() * 1000.0),
+        sent,
+    )
+}
+
+/// Requests per second and p99 latency (ms) against `url`.
+async fn load(url: &str, keys: Keys, secs: u64, tasks: u64) -> (f64, f64) {
+    load_counted(url, keys, secs, tasks).await.0
+}
+
+/// utime+stime of process `pid` in seconds, from `/proc/PID/stat`.
+fn cpu_seconds(pid: u32, ticks_per_second: f64) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc stat");
+    // Fields after the command name (which may hold spaces) start at 3.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| fields[i - 3].parse::<f64>().expect("ticks");
+    (ticks(14) + ticks(15)) / ticks_per_second
+}
+
+fn clock_ticks() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100.0)
 }
 
 fn header(title: &str, base: (f64, f64)) {
     println!("\n{title}\n");
-    println!("| configuration | requests/s | ratio | p99 ms | p99 ratio |");
-    println!("|---|---:|---:|---:|---:|");
-    println!("| baseline | {:.0} | 1.00 | {:.2} | 1.00 |", base.0, base.1);
+    println!("| configuration | requests/s | ratio | p99 ms | p99 ratio | CPU µs/request |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    println!(
+        "| baseline | {:.0} | 1.00 | {:.2} | 1.00 | |",
+        base.0, base.1
+    );
 }
 
 fn row(name: &str, r: (f64, f64), base: (f64, f64)) {
+    row_cpu(name, r, base, None);
+}
+
+fn row_cpu(name: &str, r: (f64, f64), base: (f64, f64), cpu_us: Option<f64>) {
     println!(
-        "| {name} | {:.0} | {:.2} | {:.2} | {:.2} |",
+        "| {name} | {:.0} | {:.2} | {:.2} | {:.2} | {} |",
         r.0,
         r.0 / base.0,
         r.1,
-        r.1 / base.1
+        r.1 / base.1,
+        cpu_us.map_or(String::new(), |c| format!("{c:.0}"))
     );
 }
 
@@ -137,7 +182,9 @@ impl Drop for Gateway {
     }
 }
 
-async fn start_gateway(upstream: &str, store: &str) -> (Gateway, String) {
+/// Starts `idem serve`; `config` is a TOML file making the key optional on
+/// `POST /orders`, so keyless POSTs measure passthrough.
+async fn start_gateway(upstream: &str, store: &str, config: &std::path::Path) -> (Gateway, String) {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .expect("port")
         .local_addr()
@@ -149,18 +196,22 @@ async fn start_gateway(upstream: &str, store: &str) -> (Gateway, String) {
         .expect("addr")
         .port();
     let gateway = Gateway(
-        Command::new(env!("CARGO_BIN_EXE_idem"))
-            .args(["serve", "--upstream", upstream, "--store", store])
-            .args([
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--admin-listen",
-                &format!("127.0.0.1:{admin}"),
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("idem serve"),
+        Command::new(
+            std::env::var("IDEM_BENCH_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_idem").into()),
+        )
+        .args(["serve", "--upstream", upstream, "--store", store])
+        .arg("--config")
+        .arg(config)
+        .args([
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--admin-listen",
+            &format!("127.0.0.1:{admin}"),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("idem serve"),
     );
     let health = format!("http://127.0.0.1:{admin}/healthz");
     for _ in 0..200 {
@@ -182,27 +233,31 @@ fn main() {
     rt.block_on(async {
         let dir = tempfile::tempdir().expect("tempdir");
 
+        let only_gateway = std::env::var("IDEM_BENCH_ONLY").is_ok_and(|v| v == "gateway");
         // 1. The layer, in-process.
-        let plain = serve(handler_app()).await;
-        let memory: Arc<dyn Store> = Arc::new(MemoryStore::new());
-        let sqlite: Arc<dyn Store> =
-            Arc::new(idem_sqlite::SqliteStore::open(dir.path().join("layer.db")).expect("sqlite"));
-        let with_memory =
-            serve(handler_app().layer(IdempotencyLayer::builder_shared(memory).build())).await;
-        let with_sqlite =
-            serve(handler_app().layer(IdempotencyLayer::builder_shared(sqlite).build())).await;
-        let base = load(&format!("{plain}/orders"), Keys::None, secs, tasks).await;
-        header(
-            "idem-http layer in-process (baseline: the same axum handler without it)",
-            base,
-        );
-        for (name, url) in [("memory", &with_memory), ("sqlite", &with_sqlite)] {
-            for (label, keys) in [("new keys", Keys::New), ("replays", Keys::Replay)] {
-                row(
-                    &format!("layer, {name}, {label}"),
-                    load(&format!("{url}/orders"), keys, secs, tasks).await,
-                    base,
-                );
+        if !only_gateway {
+            let plain = serve(handler_app()).await;
+            let memory: Arc<dyn Store> = Arc::new(MemoryStore::new());
+            let sqlite: Arc<dyn Store> = Arc::new(
+                idem_sqlite::SqliteStore::open(dir.path().join("layer.db")).expect("sqlite"),
+            );
+            let with_memory =
+                serve(handler_app().layer(IdempotencyLayer::builder_shared(memory).build())).await;
+            let with_sqlite =
+                serve(handler_app().layer(IdempotencyLayer::builder_shared(sqlite).build())).await;
+            let base = load(&format!("{plain}/orders"), Keys::None, secs, tasks).await;
+            header(
+                "idem-http layer in-process (baseline: the same axum handler without it)",
+                base,
+            );
+            for (name, url) in [("memory", &with_memory), ("sqlite", &with_sqlite)] {
+                for (label, keys) in [("new keys", Keys::New), ("replays", Keys::Replay)] {
+                    row(
+                        &format!("layer, {name}, {label}"),
+                        load(&format!("{url}/orders"), keys, secs, tasks).await,
+                        base,
+                    );
+                }
             }
         }
 
@@ -214,13 +269,29 @@ fn main() {
             base,
         );
         let sqlite_url = format!("sqlite:{}", dir.path().join("gateway.db").display());
+        let hz = clock_ticks();
+        let config = dir.path().join("gateway.toml");
+        std::fs::write(
+            &config,
+            "[[route]]\nmethod = \"POST\"\npath = \"/orders\"\nkey = \"optional\"\n",
+        )
+        .expect("config");
         for (name, store) in [("memory", "memory:"), ("sqlite", sqlite_url.as_str())] {
-            let (_gateway, url) = start_gateway(&upstream, store).await;
-            for (label, keys) in [("new keys", Keys::New), ("replays", Keys::Replay)] {
-                row(
+            let (gateway, url) = start_gateway(&upstream, store, &config).await;
+            let pid = gateway.0.id();
+            for (label, keys) in [
+                ("passthrough", Keys::None),
+                ("new keys", Keys::New),
+                ("replays", Keys::Replay),
+            ] {
+                let before = cpu_seconds(pid, hz);
+                let (r, sent) = load_counted(&format!("{url}/orders"), keys, secs, tasks).await;
+                let cpu_us = (cpu_seconds(pid, hz) - before) * 1e6 / sent.max(1) as f64;
+                row_cpu(
                     &format!("idem serve, {name}, {label}"),
-                    load(&format!("{url}/orders"), keys, secs, tasks).await,
+                    r,
                     base,
+                    Some(cpu_us),
                 );
             }
         }
