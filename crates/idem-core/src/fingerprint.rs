@@ -110,7 +110,11 @@ impl Fingerprint {
         body: &[u8],
         fields: &FieldSelection,
     ) -> Fingerprint {
-        let canonical = if content_type.is_some_and(is_json_media_type) {
+        // The media type selects how the body is read (a JSON Patch and a
+        // merge patch with the same bytes are two requests); its parameters
+        // (charset) do not.
+        let media = media_type(content_type.unwrap_or(""));
+        let canonical = if is_json(&media) {
             match fields {
                 FieldSelection::Whole => canonical_json::canonicalize(body)
                     .ok()
@@ -128,10 +132,6 @@ impl Fingerprint {
             Some((kind, c)) => (kind, c),
             None => (b"bytes", body),
         };
-        // The media type selects how the body is read (a JSON Patch and a
-        // merge patch with the same bytes are two requests); its parameters
-        // (charset) do not.
-        let media = media_type(content_type.unwrap_or(""));
         let hash = sha256_parts(
             "idem-fp-v2",
             &[
@@ -156,7 +156,7 @@ impl Fingerprint {
         fields: &FieldSelection,
     ) -> Fingerprint {
         let op = operation.as_str().as_bytes();
-        if content_type.is_some_and(is_json_media_type)
+        if content_type.is_some_and(|ct| is_json(&media_type(ct)))
             && let Ok(value) = serde_json::from_slice::<Value>(body)
         {
             let selected = match fields {
@@ -249,8 +249,8 @@ fn media_type(content_type: &str) -> String {
         .to_ascii_lowercase()
 }
 
-fn is_json_media_type(content_type: &str) -> bool {
-    let media = media_type(content_type);
+/// Whether a media type (as [`media_type`] gives it) is JSON.
+fn is_json(media: &str) -> bool {
     media == "application/json" || (media.starts_with("application/") && media.ends_with("+json"))
 }
 

@@ -13,7 +13,7 @@ use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header, reques
 use http_body_util::{BodyExt, BodyStream, StreamBody};
 use idem_core::{
     BoxFuture, Claim, ClaimRequest, Completion, Concurrency, Disposition, Fingerprint, Key, Lease,
-    Record, RecordId, Settled, Status, StoreError, StoreErrorKind, StoredResponse, Timestamp,
+    Record, RecordId, Settled, Status, StoreError, StoredResponse, Timestamp,
 };
 
 use crate::body::{Body, BoxError, boxed, full};
@@ -54,13 +54,9 @@ pub(crate) async fn store_call<T>(
     op: &'static str,
     fut: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
-    match tokio::time::timeout(shared.store_timeout, timed(op, fut)).await {
-        Ok(r) => r,
-        Err(_) => Err(StoreError::new(
-            StoreErrorKind::Unavailable,
-            format!("store {op} took longer than {:?}", shared.store_timeout),
-        )),
-    }
+    tokio::time::timeout(shared.store_timeout, timed(op, fut))
+        .await
+        .unwrap_or_else(|_| Err(crate::maintenance::timed_out(op)))
 }
 
 /// The inner service's call, boxed.
@@ -392,7 +388,7 @@ async fn execute<E>(
     if parts.extensions.get::<OutcomeUnknown>().is_some() {
         tracing::warn!(key = %id.key.log_id(), "outcome unknown; the claim is held until its lease ends");
         set_expires(&mut parts.headers, lease.expires_at);
-        held(&shared, &id, token);
+        finish(&shared, &id, token, Outcome::Held);
         return Ok(Response::from_parts(parts, body));
     }
     let body = match read_response(body, shared.response_limit).await {
@@ -511,10 +507,6 @@ fn not_stored(status: StatusCode, limit: usize) -> StoredResponse {
     .to_stored()
 }
 
-fn held(shared: &Shared, id: &RecordId, token: u64) {
-    finish(shared, id, token, Outcome::Held);
-}
-
 /// Leaves the claim held until its lease ends (the outcome is unknown) and
 /// answers with `rejection`.
 fn hold(
@@ -524,7 +516,7 @@ fn hold(
     token: u64,
     rejection: Rejection,
 ) -> Response<Body> {
-    held(shared, id, token);
+    finish(shared, id, token, Outcome::Held);
     let mut response = rejection.into_response();
     set_expires(response.headers_mut(), lease.expires_at);
     response

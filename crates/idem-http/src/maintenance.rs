@@ -192,7 +192,8 @@ impl Maintenance {
     }
 }
 
-fn timed_out(what: &str) -> StoreError {
+/// A store call that passed its deadline: unavailable (503, fail closed).
+pub(crate) fn timed_out(what: &str) -> StoreError {
     StoreError::new(
         StoreErrorKind::Unavailable,
         format!("{what} took longer than its deadline"),

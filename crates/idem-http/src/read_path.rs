@@ -30,6 +30,7 @@ use crate::body::{Body, full};
 use crate::flow::store_call;
 use crate::layer::Shared;
 use crate::problem::Problem;
+use crate::rejection::Rejection;
 use crate::rule::ScopeError;
 
 /// A record as JSON for its owner: status, resource id, expiry, and the
@@ -163,37 +164,15 @@ impl ReadPath {
     }
 
     async fn find(&self, parts: &http::request::Parts) -> Result<RecordView, Problem> {
-        let invalid_key = || {
-            Problem::idem(
-                StatusCode::BAD_REQUEST,
-                "invalid-key",
-                "Invalid Idempotency-Key",
-                "The key in the path is not 1 to 255 printable ASCII characters.",
-            )
-        };
         let segment = parts.uri.path().rsplit('/').next().unwrap_or("");
-        let decoded = percent_encoding::percent_decode_str(segment)
-            .decode_utf8()
-            .map_err(|_| invalid_key())?;
-        let key = Key::new(decoded.into_owned()).map_err(|_| invalid_key())?;
+        let decoded = percent_encoding::percent_decode_str(segment).decode_utf8_lossy();
+        let key = Key::new(decoded.into_owned()).map_err(|e| Rejection::InvalidKey(e).problem())?;
         let scope = match self.shared.scope.scope_of(parts) {
             Ok(s) if s == Scope::anonymous() && !self.anonymous_reads => {
-                return Err(Problem::idem(
-                    StatusCode::UNAUTHORIZED,
-                    "credential-required",
-                    "Credential required",
-                    ScopeError::CredentialRequired.to_string(),
-                ));
+                return Err(Rejection::Scope(ScopeError::CredentialRequired).problem());
             }
             Ok(s) => s,
-            Err(e) => {
-                return Err(Problem::idem(
-                    StatusCode::BAD_REQUEST,
-                    "invalid-scope",
-                    "Caller could not be identified",
-                    e.to_string(),
-                ));
-            }
+            Err(e) => return Err(Rejection::Scope(e).problem()),
         };
         let (mut method, mut path) = (None, None);
         for (name, value) in form_urlencoded::parse(parts.uri.query().unwrap_or("").as_bytes()) {
@@ -253,13 +232,10 @@ impl ReadPath {
             }),
             Err(e) => {
                 tracing::warn!(error = %e, "record look-up failed");
-                Err(Problem::idem(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "store-unavailable",
-                    "Idempotency store unavailable",
-                    "Retry later.",
-                )
-                .with_retry_after(self.shared.unavailable_retry_after))
+                Err(Rejection::StoreUnavailable {
+                    retry_after: self.shared.unavailable_retry_after,
+                }
+                .problem())
             }
         }
     }

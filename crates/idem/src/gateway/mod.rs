@@ -49,7 +49,7 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
     let mut builder = IdempotencyLayer::builder_shared(store.clone())
         .default_policy(cfg.default_policy.clone())
         .key_policy(cfg.key_policy.clone())
-        .scope(scope.clone())
+        .scope(scope)
         .require_scope(cfg.require_scope)
         .body_limit(cfg.max_body)
         .body_timeout(cfg.body_timeout)
