@@ -13,8 +13,10 @@
 //!   (canonical JSON) body;
 //! - [`Record`], [`Status`], [`Fence`], [`Policy`];
 //! - the [`Store`] trait and its state machine ([`transition`]);
-//! - [`MemoryStore`], sharded and lock-per-shard;
-//! - with feature `testkit`, the conformance suite every store must pass.
+//! - [`MemoryStore`], sharded and lock-per-shard.
+//!
+//! The conformance suite every store must pass is in the `idem-testkit`
+//! crate of this workspace (not published; a dev-dependency only).
 //!
 //! It is not an HTTP layer (`idem-http`) nor a durable store (`idem-sqlite`,
 //! `idem-postgres`, `idem-redis`).
@@ -61,6 +63,7 @@
 mod canonical_json;
 mod digest;
 mod fingerprint;
+pub mod header_names;
 mod key;
 mod memory;
 mod policy;
@@ -70,9 +73,6 @@ mod scope;
 mod store;
 mod time;
 pub mod transition;
-
-#[cfg(any(test, feature = "testkit"))]
-pub mod testkit;
 
 #[doc(hidden)]
 pub use canonical_json::canonicalize_json;

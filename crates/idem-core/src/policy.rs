@@ -95,7 +95,7 @@ impl Policy {
     pub const MAX_WAIT: Duration = Duration::from_secs(300);
 
     /// Starts from the defaults: ttl 24 h, lease 30 s, conflict mode, the
-    /// outcome rules of DESIGN.md section 2.
+    /// outcome rules of docs/contract.md, *Records and their state machine*.
     pub fn builder() -> PolicyBuilder {
         PolicyBuilder::default()
     }

@@ -6,7 +6,7 @@ use crate::fingerprint::Fingerprint;
 use crate::scope::RecordId;
 use crate::time::Timestamp;
 
-/// Where a record is in its life (DESIGN.md section 2).
+/// Where a record is in its life (docs/contract.md, *Records and their state machine*).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Status {
     /// Claimed; an executor holds the lease and is running the operation.
@@ -78,6 +78,13 @@ impl Fence {
     /// The stored value.
     pub const fn get(self) -> u64 {
         self.0
+    }
+
+    /// The value as a signed 64-bit integer, as SQL columns hold it; `None`
+    /// past `i64::MAX`, a fence no store ever issued (so no record can
+    /// match it: the caller answers a stale fence).
+    pub fn to_i64(self) -> Option<i64> {
+        i64::try_from(self.0).ok()
     }
 }
 

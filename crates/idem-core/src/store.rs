@@ -1,7 +1,7 @@
 //! The `Store` trait: the atomic operations every backend provides.
 //!
 //! A store is a map from [`RecordId`] to [`Record`] whose operations follow
-//! the state machine of DESIGN.md section 2. Each operation must be atomic
+//! the state machine of docs/contract.md, *Records and their state machine*. Each operation must be atomic
 //! in the backend (one transaction, one script, one locked section), and a
 //! completion must be durable before the store answers: the HTTP layer sends
 //! the response right after, and a record lost in a crash means a duplicate
@@ -15,7 +15,7 @@
 //! a fence may complete) live in [`transition`](crate::transition), so that a
 //! store written in Rust only has to load and save records atomically.
 //! Stores that decide inside the backend (SQL, Lua) must agree with it; the
-//! conformance suite in [`testkit`](crate::testkit) checks that they do.
+//! conformance suite (the `idem-testkit` crate) checks that they do.
 
 use std::error::Error as StdError;
 use std::fmt;
@@ -139,6 +139,19 @@ pub enum Settled {
     StaleFence,
 }
 
+impl Settled {
+    /// The answer of a fenced update that reports how many records it
+    /// changed (rows, or a script's 0/1): one is applied, none is a stale
+    /// fence.
+    pub fn from_changed(changed: u64) -> Settled {
+        if changed == 1 {
+            Settled::Applied
+        } else {
+            Settled::StaleFence
+        }
+    }
+}
+
 /// What an atomic-mode completion did (SQL stores: the business mutation and
 /// the record's completion in one transaction).
 #[derive(Debug)]
@@ -153,6 +166,17 @@ pub enum Atomic<T, E> {
     /// The fence is no longer current (the lease was taken over, or the
     /// record finished): the mutation was not run and nothing was written.
     StaleFence,
+}
+
+impl<T, E> Atomic<T, E> {
+    /// The same outcome with the mutation's error mapped by `f`.
+    pub fn map_failed<F>(self, f: impl FnOnce(E) -> F) -> Atomic<T, F> {
+        match self {
+            Atomic::Committed(t) => Atomic::Committed(t),
+            Atomic::Failed(e) => Atomic::Failed(f(e)),
+            Atomic::StaleFence => Atomic::StaleFence,
+        }
+    }
 }
 
 /// Where a page of [`Store::list_stale`] ended: the next page starts after
@@ -204,7 +228,7 @@ impl StaleCursor {
 /// # }
 /// ```
 pub trait Store: Send + Sync + 'static {
-    /// Claims a key (DESIGN.md section 2, the `claim` rows).
+    /// Claims a key (docs/contract.md, *Records and their state machine*, the `claim` rows).
     ///
     /// # Errors
     /// [`StoreError`] when the backend cannot answer; the caller must not
@@ -385,7 +409,9 @@ impl StoreError {
         }
     }
 
-    /// Attaches the underlying error.
+    /// Attaches the underlying error. Its text is part of this error's
+    /// message (see the `Display` impl); [`StoreError::cause`] gives the
+    /// error itself.
     pub fn with_source(mut self, source: impl StdError + Send + Sync + 'static) -> StoreError {
         self.inner.source = Some(Box::new(source));
         self
@@ -412,6 +438,11 @@ impl fmt::Debug for StoreError {
     }
 }
 
+/// Shows the message and, after a colon, the underlying error: a store
+/// error is logged with `%e` in many places, and each of them should show
+/// why the store failed. So that a reporter walking the chain (`anyhow`'s
+/// `{:#}`) does not print the cause twice, [`source`](StdError::source)
+/// returns `None`; [`StoreError::cause`] gives the underlying error.
 impl fmt::Display for StoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.inner.message)?;
@@ -422,11 +453,47 @@ impl fmt::Display for StoreError {
     }
 }
 
-impl StdError for StoreError {
-    fn source(&self) -> Option<&(dyn StdError + 'static)> {
-        self.inner
-            .source
-            .as_deref()
-            .map(|e| e as &(dyn StdError + 'static))
+impl StdError for StoreError {}
+
+impl StoreError {
+    /// The underlying error, if one was attached (its text is already in
+    /// this error's message).
+    pub fn cause(&self) -> Option<&(dyn StdError + Send + Sync + 'static)> {
+        self.inner.source.as_deref()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The error and its causes, joined the way a reporter walking the
+    /// chain joins them (`anyhow`'s `{:#}`, the `idem` binary's `main`).
+    fn chain(e: &(dyn StdError + 'static)) -> String {
+        let mut parts = vec![e.to_string()];
+        let mut next = e.source();
+        while let Some(cause) = next {
+            parts.push(cause.to_string());
+            next = cause.source();
+        }
+        parts.join(": ")
+    }
+
+    #[test]
+    fn a_chain_shows_the_source_once() {
+        let e = StoreError::new(StoreErrorKind::Unavailable, "test store: claim")
+            .with_source(std::io::Error::other("connection refused"));
+        assert_eq!(e.to_string(), "test store: claim: connection refused");
+        assert!(e.cause().is_some());
+        let shown = chain(&e);
+        assert_eq!(shown, "test store: claim: connection refused");
+        assert_eq!(shown.matches("connection refused").count(), 1, "{shown}");
+    }
+
+    #[test]
+    fn an_error_without_source_is_its_message() {
+        let e = StoreError::new(StoreErrorKind::Corrupt, "test store: bad status 9");
+        assert!(e.cause().is_none());
+        assert_eq!(chain(&e), "test store: bad status 9");
     }
 }

@@ -1,4 +1,4 @@
-//! The state machine of DESIGN.md section 2 as pure functions.
+//! The state machine of docs/contract.md, *Records and their state machine* as pure functions.
 //!
 //! Stores that load a record, decide, and save it inside one atomic section
 //! (the memory store's shard lock, the SQLite writer's transaction) call

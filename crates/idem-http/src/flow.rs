@@ -25,7 +25,8 @@ use crate::replay::{replay, set_expires, to_stored};
 use crate::rule::{KeyRequirement, RouteRule, ScopeError};
 
 /// The `Idempotency-Key` header.
-pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+pub const IDEMPOTENCY_KEY: HeaderName =
+    HeaderName::from_static(idem_core::header_names::IDEMPOTENCY_KEY);
 
 fn reject(r: Rejection) -> Response<Body> {
     count(r.outcome());

@@ -53,7 +53,7 @@ impl Shared {
     }
 }
 
-/// Adds the idempotency contract (DESIGN.md section 3) to a service.
+/// Adds the idempotency contract (docs/contract.md, *The HTTP contract*) to a service.
 ///
 /// Cheap to clone; clones share the store, the waiters and the shutdown
 /// handle.

@@ -1,5 +1,5 @@
 //! The server half of idem: a tower [`Layer`](tower::Layer) that gives any
-//! hyper or axum service the idempotency contract of DESIGN.md section 3.
+//! hyper or axum service the idempotency contract of docs/contract.md, *The HTTP contract*.
 //!
 //! ```no_run
 //! use axum::{Router, routing::post};
@@ -61,7 +61,7 @@
 //! With a SQL store the handler can commit its mutation and the record in
 //! one transaction: it reads [`IdempotencyContext`] from the request
 //! extensions, calls the store's `complete_atomically`, then
-//! [`IdempotencyContext::mark_completed`]. See `examples/ledger`.
+//! [`IdempotencyContext::mark_completed`]. See the `idem-ledger` crate (`crates/idem-ledger`).
 //!
 //! # Shutdown
 //!

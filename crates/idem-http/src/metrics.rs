@@ -1,4 +1,4 @@
-//! Metrics through the `metrics` facade (DESIGN.md section 5). No key and
+//! Metrics through the `metrics` facade (docs/contract.md, *Operations*). No key and
 //! no tenant is ever a label.
 //!
 //! | name | kind | labels |

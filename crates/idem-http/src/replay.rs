@@ -7,14 +7,16 @@ use idem_core::{StoredResponse, Timestamp};
 use crate::body::{Body, full};
 
 /// `Idempotent-Replayed: true` marks a replayed response (Stripe's header).
-pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+pub const IDEMPOTENT_REPLAYED: HeaderName =
+    HeaderName::from_static(idem_core::header_names::IDEMPOTENT_REPLAYED);
 
 /// `Idempotency-Key-Expires: <HTTP-date>` on every response to a keyed
 /// request: until then, a retry with the same key is answered from the
 /// record; after it, the key is forgotten and a retry would execute again.
-pub const IDEMPOTENCY_KEY_EXPIRES: HeaderName = HeaderName::from_static("idempotency-key-expires");
+pub const IDEMPOTENCY_KEY_EXPIRES: HeaderName =
+    HeaderName::from_static(idem_core::header_names::IDEMPOTENCY_KEY_EXPIRES);
 
-/// Response headers stored for replay by default (DESIGN.md section 3),
+/// Response headers stored for replay by default (docs/contract.md, *The HTTP contract*),
 /// plus `Content-Encoding` and `Vary`: a compressed body replayed without
 /// its encoding is bytes the client cannot read.
 pub const DEFAULT_STORED_HEADERS: [HeaderName; 9] = [

@@ -80,7 +80,7 @@ impl Store for LosesCompletions {
     }
 }
 
-/// DESIGN.md section 2: "a completed record is durable before its
+/// docs/contract.md, *Records and their state machine*: "a completed record is durable before its
 /// response leaves the server". A store that fails several completions in
 /// a row and then answers: the client's 201 leaves only once the record is
 /// completed, and the retry replays it. (A store that stays down for the

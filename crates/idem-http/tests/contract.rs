@@ -1,4 +1,4 @@
-//! DESIGN.md section 3 over real HTTP (a bound port, reqwest as the
+//! docs/contract.md, *The HTTP contract* over real HTTP (a bound port, reqwest as the
 //! client), for every store: memory and SQLite always, PostgreSQL and Redis
 //! where their URLs are set.
 

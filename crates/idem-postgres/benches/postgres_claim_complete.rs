@@ -8,7 +8,7 @@ use std::sync::Arc;
 use idem_postgres::PostgresStore;
 
 fn main() {
-    let Some(url) = idem_core::testkit::backend_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL") else {
+    let Some(url) = idem_testkit::backend_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL") else {
         return;
     };
     let pool: usize = std::env::var("IDEM_BENCH_POOL")
@@ -23,6 +23,6 @@ fn main() {
             .connect()
             .await
             .expect("connect");
-        idem_core::testkit::print_pair_rates(Arc::new(store)).await;
+        idem_testkit::print_pair_rates(Arc::new(store)).await;
     });
 }

@@ -12,7 +12,7 @@
 use idem_core::{Atomic, BoxFuture, Completion, Fence, RecordId, Settled, StoreError};
 
 use crate::error::{pg_error, pool_error};
-use crate::{PostgresStore, Transaction, complete_with, fence_sql};
+use crate::{PostgresStore, Transaction, complete_with};
 
 impl PostgresStore {
     /// Runs `mutation` inside a transaction that first locks the record
@@ -41,7 +41,7 @@ impl PostgresStore {
     where
         F: for<'t> FnOnce(&'t Transaction<'t>) -> BoxFuture<'t, Result<(T, Completion), E>>,
     {
-        let Some(fence) = fence_sql(fence) else {
+        let Some(fence) = fence.to_i64() else {
             return Ok(Atomic::StaleFence);
         };
         let mut client = self.inner.pool.get().await.map_err(pool_error)?;

@@ -20,7 +20,7 @@
 //! - Every store operation is one statement and one round trip, through
 //!   prepared statements cached per connection. A claim calls the
 //!   `idem_claim` function (PL/pgSQL, created by the migration), which locks
-//!   the record, decides by DESIGN.md section 2, and writes, atomically.
+//!   the record, decides by docs/contract.md, *Records and their state machine*, and writes, atomically.
 //! - The schema (default `idem`) is created and migrated on connect, under
 //!   an advisory lock, so instances that start together are safe. A schema
 //!   newer than this code is refused.
@@ -62,10 +62,10 @@
 //! from downstream.
 //!
 //! ```no_run
-//! # use idem_core::{Claim, Completion, StoredResponse};
+//! # use idem_core::{Claim, Completion, Store, StoredResponse};
 //! # use idem_postgres::{Atomic, PostgresStore};
 //! # async fn run(store: PostgresStore, req: idem_core::ClaimRequest) -> Result<(), Box<dyn std::error::Error>> {
-//! if let Claim::Acquired(lease) = store.claim_now(&req).await? {
+//! if let Claim::Acquired(lease) = store.claim(&req).await? {
 //!     let outcome = store
 //!         .complete_atomically(&req.id, lease.fence, |tx| {
 //!             Box::pin(async move {
@@ -86,208 +86,44 @@
 //! }
 //! # Ok(()) }
 //! ```
+//!
+//! [`StoreErrorKind::Unavailable`]: idem_core::StoreErrorKind::Unavailable
 
 use std::fmt;
-use std::str::FromStr;
 use std::sync::Arc;
-use std::time::Duration;
 
-use deadpool_postgres::{
-    Hook, HookError, Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime,
-};
-use idem_core::transition::ClaimCode;
+use deadpool_postgres::{GenericClient, Object, Pool};
 use idem_core::{
-    BoxFuture, Claim, ClaimRequest, Completion, Fence, Fingerprint, Key, Lease, Operation, Record,
-    RecordId, Scope, Settled, StaleCursor, Status, Store, StoreError, StoreErrorKind,
-    StoredResponse, Timestamp,
+    BoxFuture, Claim, ClaimRequest, Completion, Fence, Key, Record, RecordId, Scope, Settled,
+    StaleCursor, Store, StoreError, Timestamp,
 };
-use tokio_postgres::{NoTls, Row, Statement};
+use tokio_postgres::Statement;
 
 mod atomic;
+mod builder;
 mod error;
+mod row;
 mod schema;
 
+pub use builder::PostgresStoreBuilder;
 pub use deadpool_postgres::Transaction;
-use error::{corrupt, pg_error, pool_error};
+use error::{pg_error, pool_error};
 pub use idem_core::Atomic;
+use row::millis;
+use schema::Statements;
 /// The PostgreSQL driver's error and parameter trait, for atomic-mode closures.
 pub use tokio_postgres::{Error as PgError, types::ToSql};
-
-/// Options for connecting a store.
-#[derive(Debug, Clone)]
-pub struct PostgresStoreBuilder {
-    url: String,
-    schema: String,
-    pool_size: usize,
-    wait: Duration,
-    statement_timeout: Duration,
-}
-
-impl PostgresStoreBuilder {
-    /// The schema holding idem's tables. Default `idem`. Lower-case letters,
-    /// digits and `_` only.
-    pub fn schema(mut self, schema: impl Into<String>) -> Self {
-        self.schema = schema.into();
-        self
-    }
-
-    /// The most connections the pool opens. Default 16.
-    pub fn pool_size(mut self, n: usize) -> Self {
-        self.pool_size = n.max(1);
-        self
-    }
-
-    /// How long an operation waits for a connection (and for one to be
-    /// opened) before failing with `Unavailable`. Default 5 s.
-    pub fn connect_timeout(mut self, wait: Duration) -> Self {
-        self.wait = wait;
-        self
-    }
-
-    /// PostgreSQL's `statement_timeout` on the store's connections: a
-    /// statement that runs longer (a stalled server, a row locked by
-    /// another session) is cancelled by the server and the call fails with
-    /// `Unavailable`. It applies to the statements of atomic-mode
-    /// mutations too (a mutation may `SET LOCAL statement_timeout` for
-    /// itself). Zero turns it off. Default 5 s.
-    pub fn statement_timeout(mut self, timeout: Duration) -> Self {
-        self.statement_timeout = timeout;
-        self
-    }
-
-    /// Connects, then creates or migrates the schema.
-    ///
-    /// # Errors
-    /// [`StoreErrorKind::Setup`] for a bad URL or schema name, or a schema
-    /// newer than this code; [`StoreErrorKind::Unavailable`] when the server
-    /// does not answer.
-    pub async fn connect(self) -> Result<PostgresStore, StoreError> {
-        if !schema::valid_schema_name(&self.schema) {
-            return Err(StoreError::new(
-                StoreErrorKind::Setup,
-                format!("postgres store: invalid schema name {:?}", self.schema),
-            ));
-        }
-        let config = tokio_postgres::Config::from_str(&self.url).map_err(|e| {
-            StoreError::new(
-                StoreErrorKind::Setup,
-                "postgres store: invalid connection URL",
-            )
-            .with_source(e)
-        })?;
-        let manager = Manager::from_config(
-            config,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let statement_ms = ms(self.statement_timeout);
-        let pool = Pool::builder(manager)
-            .max_size(self.pool_size)
-            .runtime(Runtime::Tokio1)
-            .wait_timeout(Some(self.wait))
-            .create_timeout(Some(self.wait))
-            .recycle_timeout(Some(self.wait))
-            .post_create(Hook::async_fn(move |client, _| {
-                Box::pin(async move {
-                    client
-                        .batch_execute(&format!("SET statement_timeout = {statement_ms}"))
-                        .await
-                        .map_err(HookError::Backend)
-                })
-            }))
-            .build()
-            .map_err(|e| {
-                StoreError::new(
-                    StoreErrorKind::Setup,
-                    "postgres store: cannot build the pool",
-                )
-                .with_source(e)
-            })?;
-        let mut client = pool.get().await.map_err(pool_error)?;
-        // Migrations may wait for another instance's migration lock and
-        // build indexes: no statement timeout for them, on a connection
-        // that is then closed rather than returned to the pool.
-        client
-            .batch_execute("SET statement_timeout = 0")
-            .await
-            .map_err(|e| pg_error("preparing the migration", e))?;
-        let migrated = schema::migrate(&mut client, &self.schema).await;
-        drop(Object::take(client));
-        migrated?;
-        let s = &self.schema;
-        Ok(PostgresStore {
-            inner: Arc::new(Inner {
-                sql: Sql {
-                    claim: format!("SELECT * FROM {s}.idem_claim($1, $2, $3, $4, $5, $6, $7)"),
-                    complete: format!(
-                        "UPDATE {s}.idem_records SET status = $5, resource_id = $6, response_status = $7, \
-                         response_headers = $8, response_body = $9, lease_until = NULL \
-                         WHERE scope = $1 AND operation = $2 AND key = $3 AND fence = $4 AND status = 0"
-                    ),
-                    release: format!(
-                        "DELETE FROM {s}.idem_records \
-                         WHERE scope = $1 AND operation = $2 AND key = $3 AND fence = $4 AND status = 0"
-                    ),
-                    get: format!(
-                        "SELECT fingerprint, status, fence, created_at, lease_until, expires_at, resource_id, \
-                         response_status, response_headers, response_body FROM {s}.idem_records \
-                         WHERE scope = $1 AND operation = $2 AND key = $3 AND expires_at > $4"
-                    ),
-                    lock: format!(
-                        "SELECT 1 FROM {s}.idem_records \
-                         WHERE scope = $1 AND operation = $2 AND key = $3 AND fence = $4 AND status = 0 FOR UPDATE"
-                    ),
-                    purge: format!(
-                        "DELETE FROM {s}.idem_records WHERE ctid = ANY (ARRAY( \
-                         SELECT ctid FROM {s}.idem_records WHERE expires_at <= $1 \
-                         LIMIT $2 FOR UPDATE SKIP LOCKED))"
-                    ),
-                    stale: format!(
-                        "SELECT fingerprint, status, fence, created_at, lease_until, expires_at, resource_id, \
-                         response_status, response_headers, response_body, scope, operation, key \
-                         FROM {s}.idem_records WHERE status = 0 AND lease_until <= $1 AND expires_at > $1 \
-                         AND (lease_until, scope, operation, key) > ($2, $3, $4, $5) \
-                         ORDER BY lease_until, scope, operation, key LIMIT $6"
-                    ),
-                    // Operations compare as bytes (`COLLATE "C"`), as in
-                    // every other store, whatever the database's collation.
-                    by_key: format!(
-                        "SELECT fingerprint, status, fence, created_at, lease_until, expires_at, resource_id, \
-                         response_status, response_headers, response_body, operation \
-                         FROM {s}.idem_records WHERE scope = $1 AND key = $2 AND expires_at > $3 \
-                         ORDER BY created_at DESC, operation COLLATE \"C\" DESC LIMIT $4"
-                    ),
-                },
-                pool,
-                schema: self.schema,
-            }),
-        })
-    }
-}
-
-struct Sql {
-    claim: String,
-    complete: String,
-    release: String,
-    get: String,
-    lock: String,
-    purge: String,
-    stale: String,
-    by_key: String,
-}
-
-struct Inner {
-    pool: Pool,
-    schema: String,
-    sql: Sql,
-}
 
 /// The PostgreSQL store. Clones share one pool.
 #[derive(Clone)]
 pub struct PostgresStore {
     inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: Pool,
+    schema: String,
+    sql: Statements,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -298,55 +134,10 @@ impl fmt::Debug for PostgresStore {
     }
 }
 
-/// One row changed: the fence was current. None: it was not.
-fn settled(changed: u64) -> Settled {
-    if changed == 1 {
-        Settled::Applied
-    } else {
-        Settled::StaleFence
-    }
-}
-
-fn fence_sql(fence: Fence) -> Option<i64> {
-    i64::try_from(fence.get()).ok()
-}
-
-fn fence_from(v: i64) -> Result<Fence, StoreError> {
-    u64::try_from(v)
-        .map(Fence::new)
-        .map_err(|_| corrupt("fence"))
-}
-
-fn ms(v: Duration) -> i64 {
-    i64::try_from(v.as_millis()).unwrap_or(i64::MAX)
-}
-
-fn response_from(
-    status: Option<i32>,
-    headers: Option<Vec<u8>>,
-    body: Option<Vec<u8>>,
-) -> Result<Option<StoredResponse>, StoreError> {
-    let Some(status) = status else {
-        return Ok(None);
-    };
-    Ok(Some(StoredResponse {
-        status: u16::try_from(status).map_err(|_| corrupt("response status"))?,
-        headers: StoredResponse::decode_headers(&headers.unwrap_or_default())
-            .map_err(|_| corrupt("response headers"))?,
-        body: body.unwrap_or_default(),
-    }))
-}
-
 impl PostgresStore {
     /// Options for connecting to `url` (`postgres://user@host:port/db`).
     pub fn builder(url: impl Into<String>) -> PostgresStoreBuilder {
-        PostgresStoreBuilder {
-            url: url.into(),
-            schema: "idem".into(),
-            pool_size: 16,
-            wait: Duration::from_secs(5),
-            statement_timeout: Duration::from_secs(5),
-        }
+        PostgresStoreBuilder::new(url.into())
     }
 
     /// Connects with the default options.
@@ -393,76 +184,29 @@ impl PostgresStore {
             .map_err(|e| pg_error(&format!("preparing {what}"), e))?;
         Ok((client, stmt))
     }
-
-    /// The claim, callable without naming the trait.
-    ///
-    /// # Errors
-    /// As [`Store::claim`].
-    pub async fn claim_now(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
-        let (client, stmt) = self.prepared(&self.inner.sql.claim, "claim").await?;
-        let row = client
-            .query_one(
-                &stmt,
-                &[
-                    &req.id.scope.as_str(),
-                    &req.id.operation.as_str(),
-                    &req.id.key.as_str(),
-                    &req.fingerprint.as_bytes(),
-                    &req.now.as_millis(),
-                    &ms(req.lease),
-                    &ms(req.ttl),
-                ],
-            )
-            .await
-            .map_err(|e| pg_error("claiming", e))?;
-        claim_from_row(req, &row)
-    }
-}
-
-fn claim_from_row(req: &ClaimRequest, row: &Row) -> Result<Claim, StoreError> {
-    let get_err = |e| pg_error("reading the claim", e);
-    let outcome: i16 = row.try_get(0).map_err(get_err)?;
-    let fence = fence_from(row.try_get(1).map_err(get_err)?)?;
-    let created_at = Timestamp::from_millis(row.try_get(2).map_err(get_err)?);
-    let lease_until: Option<i64> = row.try_get(3).map_err(get_err)?;
-    let expires_at = Timestamp::from_millis(row.try_get(4).map_err(get_err)?);
-    let code = ClaimCode::from_code(i64::from(outcome)).ok_or_else(|| corrupt("claim outcome"))?;
-    Ok(match code {
-        ClaimCode::Acquired | ClaimCode::TakenOver => Claim::Acquired(Lease {
-            fence,
-            lease_until: Timestamp::from_millis(lease_until.unwrap_or_default()),
-            expires_at,
-            takeover: code == ClaimCode::TakenOver,
-        }),
-        ClaimCode::InFlight => Claim::InFlight {
-            lease_until: Timestamp::from_millis(lease_until.unwrap_or_default()),
-            expires_at,
-        },
-        ClaimCode::Replay => {
-            let status: i16 = row.try_get(5).map_err(get_err)?;
-            Claim::Replay(Box::new(Record {
-                id: req.id.clone(),
-                fingerprint: req.fingerprint,
-                status: Status::from_code(i64::from(status)).ok_or_else(|| corrupt("status"))?,
-                response: response_from(
-                    row.try_get(7).map_err(get_err)?,
-                    row.try_get(8).map_err(get_err)?,
-                    row.try_get(9).map_err(get_err)?,
-                )?,
-                resource_id: row.try_get(6).map_err(get_err)?,
-                created_at,
-                lease_until: lease_until.map(Timestamp::from_millis),
-                fence,
-                expires_at,
-            }))
-        }
-        ClaimCode::Mismatch => Claim::Mismatch { expires_at },
-    })
 }
 
 impl Store for PostgresStore {
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>> {
-        Box::pin(self.claim_now(req))
+        Box::pin(async move {
+            let (client, stmt) = self.prepared(&self.inner.sql.claim, "claim").await?;
+            let row = client
+                .query_one(
+                    &stmt,
+                    &[
+                        &req.id.scope.as_str(),
+                        &req.id.operation.as_str(),
+                        &req.id.key.as_str(),
+                        &req.fingerprint.as_bytes(),
+                        &req.now.as_millis(),
+                        &millis(req.lease),
+                        &millis(req.ttl),
+                    ],
+                )
+                .await
+                .map_err(|e| pg_error("claiming", e))?;
+            row::claim_from_row(req, &row)
+        })
     }
 
     fn complete<'a>(
@@ -473,7 +217,7 @@ impl Store for PostgresStore {
         _now: Timestamp,
     ) -> BoxFuture<'a, Result<Settled, StoreError>> {
         Box::pin(async move {
-            let Some(fence) = fence_sql(fence) else {
+            let Some(fence) = fence.to_i64() else {
                 return Ok(Settled::StaleFence);
             };
             let client = self.inner.pool.get().await.map_err(pool_error)?;
@@ -488,7 +232,7 @@ impl Store for PostgresStore {
         _now: Timestamp,
     ) -> BoxFuture<'a, Result<Settled, StoreError>> {
         Box::pin(async move {
-            let Some(fence) = fence_sql(fence) else {
+            let Some(fence) = fence.to_i64() else {
                 return Ok(Settled::StaleFence);
             };
             let (client, stmt) = self.prepared(&self.inner.sql.release, "release").await?;
@@ -504,7 +248,7 @@ impl Store for PostgresStore {
                 )
                 .await
                 .map_err(|e| pg_error("releasing", e))?;
-            Ok(settled(n))
+            Ok(Settled::from_changed(n))
         })
     }
 
@@ -527,7 +271,8 @@ impl Store for PostgresStore {
                 )
                 .await
                 .map_err(|e| pg_error("reading a record", e))?;
-            row.map(|row| record_from_row(id.clone(), &row)).transpose()
+            row.map(|row| row::record_from_row(id.clone(), &row))
+                .transpose()
         })
     }
 
@@ -574,19 +319,7 @@ impl Store for PostgresStore {
                 )
                 .await
                 .map_err(|e| pg_error("listing stale records", e))?;
-            rows.iter()
-                .map(|row| {
-                    let get_err = |e| pg_error("listing stale records", e);
-                    let key = Key::new(row.try_get::<_, String>(12).map_err(get_err)?)
-                        .map_err(|_| corrupt("key"))?;
-                    let id = RecordId::new(
-                        Scope::from_raw(row.try_get::<_, String>(10).map_err(get_err)?),
-                        Operation::from_raw(row.try_get::<_, String>(11).map_err(get_err)?),
-                        key,
-                    );
-                    record_from_row(id, row)
-                })
-                .collect()
+            rows.iter().map(row::record_with_id_from_row).collect()
         })
     }
 
@@ -610,46 +343,16 @@ impl Store for PostgresStore {
                 .await
                 .map_err(|e| pg_error("finding records by key", e))?;
             rows.iter()
-                .map(|row| {
-                    let operation: String = row
-                        .try_get(10)
-                        .map_err(|e| pg_error("finding records by key", e))?;
-                    let id =
-                        RecordId::new(scope.clone(), Operation::from_raw(operation), key.clone());
-                    record_from_row(id, row)
-                })
+                .map(|row| row::record_with_operation_from_row(scope, key, row))
                 .collect()
         })
     }
 }
 
-/// A record from the first ten columns of `get`, `stale` and `by_key`.
-fn record_from_row(id: RecordId, row: &Row) -> Result<Record, StoreError> {
-    let get_err = |e| pg_error("reading a record", e);
-    let fp: Vec<u8> = row.try_get(0).map_err(get_err)?;
-    let status: i16 = row.try_get(1).map_err(get_err)?;
-    Ok(Record {
-        id,
-        fingerprint: Fingerprint::from_slice(&fp).ok_or_else(|| corrupt("fingerprint"))?,
-        status: Status::from_code(i64::from(status)).ok_or_else(|| corrupt("status"))?,
-        fence: fence_from(row.try_get(2).map_err(get_err)?)?,
-        created_at: Timestamp::from_millis(row.try_get(3).map_err(get_err)?),
-        lease_until: row
-            .try_get::<_, Option<i64>>(4)
-            .map_err(get_err)?
-            .map(Timestamp::from_millis),
-        expires_at: Timestamp::from_millis(row.try_get(5).map_err(get_err)?),
-        resource_id: row.try_get(6).map_err(get_err)?,
-        response: response_from(
-            row.try_get(7).map_err(get_err)?,
-            row.try_get(8).map_err(get_err)?,
-            row.try_get(9).map_err(get_err)?,
-        )?,
-    })
-}
-
-/// The completion statement, on a plain client or inside a transaction.
-async fn complete_with<C: deadpool_postgres::GenericClient + Sync>(
+/// The completion statement, on a plain client ([`Store::complete`]) or
+/// inside the atomic-mode transaction; `fence` is one
+/// [`Fence::to_i64`] accepted.
+async fn complete_with<C: GenericClient + Sync>(
     client: &C,
     sql: &str,
     id: &RecordId,
@@ -677,7 +380,7 @@ async fn complete_with<C: deadpool_postgres::GenericClient + Sync>(
         )
         .await
         .map_err(|e| pg_error("completing", e))?;
-    Ok(settled(n))
+    Ok(Settled::from_changed(n))
 }
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
-//! The schema, created and versioned on connect.
+//! The schema: its migrations, applied on connect, and the statements the
+//! store runs against it.
 //!
 //! Migrations run under a transaction-scoped advisory lock keyed on the
 //! schema name, so instances that start at the same moment apply each
@@ -8,6 +9,7 @@ use deadpool_postgres::Client;
 use idem_core::StoreError;
 
 use crate::error::pg_error;
+use crate::row::COLUMNS;
 
 /// Advisory lock namespace ("idem" in ASCII).
 const LOCK_CLASS: i32 = 0x6964_656d;
@@ -35,7 +37,7 @@ CREATE TABLE {s}.idem_records (
 CREATE INDEX idem_records_expires_at ON {s}.idem_records (expires_at);
 CREATE SEQUENCE {s}.idem_fence;
 
--- Claim: DESIGN.md section 2 in one round trip. Outcomes:
+-- Claim: docs/contract.md, *Records and their state machine* in one round trip. Outcomes:
 -- 0 acquired, 1 in flight, 2 replay, 3 mismatch, 4 acquired by takeover.
 CREATE FUNCTION {s}.idem_claim(
     p_scope text, p_operation text, p_key text, p_fingerprint bytea,
@@ -176,4 +178,70 @@ pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<(), Sto
     tx.commit()
         .await
         .map_err(|e| pg_error("committing the migration", e))
+}
+
+/// The text of every statement the store runs, with the schema name in it.
+/// Each is prepared once per pooled connection (`prepare_cached`).
+pub(crate) struct Statements {
+    /// Calls `idem_claim`: the whole claim in one round trip.
+    pub(crate) claim: String,
+    /// Stores a completion if the fence still holds the record.
+    pub(crate) complete: String,
+    /// Deletes the record if the fence still holds it.
+    pub(crate) release: String,
+    /// The live record with an id ([`COLUMNS`]).
+    pub(crate) get: String,
+    /// Locks the record if the fence still holds it (atomic mode).
+    pub(crate) lock: String,
+    /// Deletes a bounded batch of expired records, skipping locked ones.
+    pub(crate) purge: String,
+    /// A page of stale records ([`COLUMNS`], then scope, operation, key).
+    pub(crate) stale: String,
+    /// The live records of a (scope, key), newest first ([`COLUMNS`], then
+    /// operation).
+    pub(crate) by_key: String,
+}
+
+impl Statements {
+    /// The statements for the tables in schema `s`.
+    pub(crate) fn new(s: &str) -> Statements {
+        Statements {
+            claim: format!("SELECT * FROM {s}.idem_claim($1, $2, $3, $4, $5, $6, $7)"),
+            complete: format!(
+                "UPDATE {s}.idem_records SET status = $5, resource_id = $6, response_status = $7, \
+                 response_headers = $8, response_body = $9, lease_until = NULL \
+                 WHERE scope = $1 AND operation = $2 AND key = $3 AND fence = $4 AND status = 0"
+            ),
+            release: format!(
+                "DELETE FROM {s}.idem_records \
+                 WHERE scope = $1 AND operation = $2 AND key = $3 AND fence = $4 AND status = 0"
+            ),
+            get: format!(
+                "SELECT {COLUMNS} FROM {s}.idem_records \
+                 WHERE scope = $1 AND operation = $2 AND key = $3 AND expires_at > $4"
+            ),
+            lock: format!(
+                "SELECT 1 FROM {s}.idem_records \
+                 WHERE scope = $1 AND operation = $2 AND key = $3 AND fence = $4 AND status = 0 FOR UPDATE"
+            ),
+            purge: format!(
+                "DELETE FROM {s}.idem_records WHERE ctid = ANY (ARRAY( \
+                 SELECT ctid FROM {s}.idem_records WHERE expires_at <= $1 \
+                 LIMIT $2 FOR UPDATE SKIP LOCKED))"
+            ),
+            stale: format!(
+                "SELECT {COLUMNS}, scope, operation, key \
+                 FROM {s}.idem_records WHERE status = 0 AND lease_until <= $1 AND expires_at > $1 \
+                 AND (lease_until, scope, operation, key) > ($2, $3, $4, $5) \
+                 ORDER BY lease_until, scope, operation, key LIMIT $6"
+            ),
+            // Operations compare as bytes (`COLLATE "C"`), as in every other
+            // store, whatever the database's collation.
+            by_key: format!(
+                "SELECT {COLUMNS}, operation \
+                 FROM {s}.idem_records WHERE scope = $1 AND key = $2 AND expires_at > $3 \
+                 ORDER BY created_at DESC, operation COLLATE \"C\" DESC LIMIT $4"
+            ),
+        }
+    }
 }

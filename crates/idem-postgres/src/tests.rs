@@ -2,13 +2,15 @@
 //! test gets a schema of its own, dropped afterwards.
 
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
-use idem_core::testkit::{CleanupOnDrop, Guarded};
+use idem_core::{Status, StoreErrorKind};
+use idem_testkit::{CleanupOnDrop, Guarded};
 
 use super::*;
 
 pub(crate) fn url() -> Option<String> {
-    idem_core::testkit::backend_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL")
+    idem_testkit::backend_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL")
 }
 
 pub(crate) fn schema_name(tag: &str) -> String {
@@ -40,7 +42,7 @@ async fn fresh(url: &str) -> Guarded<PostgresStore> {
 mod conformance {
     use super::*;
 
-    idem_core::conformance_tests!(optional async {
+    idem_testkit::conformance_tests!(optional async {
         match url() {
             Some(u) => Some(fresh(&u).await),
             None => None,
@@ -48,10 +50,10 @@ mod conformance {
     });
 }
 
-use idem_core::testkit::{LEASE, request, response, t0, unique_id};
+use idem_testkit::{request, response, t0, unique_id};
 
 fn rt() -> tokio::runtime::Runtime {
-    idem_core::testkit::runtime()
+    idem_testkit::runtime()
 }
 
 /// Two pools, as two instances would have, 64 tasks split across them
@@ -67,8 +69,7 @@ fn cross_instance_race_has_one_winner() {
             .connect()
             .await
             .unwrap();
-        idem_core::testkit::race_one_key_across(&[Arc::new(a.store().clone()), Arc::new(b)], 64)
-            .await;
+        idem_testkit::race_one_key_across(&[Arc::new(a.store().clone()), Arc::new(b)], 64).await;
     });
 }
 
@@ -196,7 +197,7 @@ fn concurrent_purges_share_the_work() {
             let mut req = request(&id, "{}", t0());
             req.ttl = Duration::from_secs(60);
             req.lease = Duration::from_secs(10);
-            store.claim_now(&req).await.unwrap();
+            store.claim(&req).await.unwrap();
         }
         let now = t0() + Duration::from_secs(60);
         let purgers: Vec<_> = (0..4)
@@ -223,301 +224,174 @@ fn concurrent_purges_share_the_work() {
     });
 }
 
-async fn business_table(store: &PostgresStore) {
-    let c = store.pool().get().await.unwrap();
-    c.batch_execute(&format!(
-        "CREATE TABLE IF NOT EXISTS {}.transfers (id bigserial PRIMARY KEY, idem_key text NOT NULL, amount bigint NOT NULL)",
-        store.schema()
-    ))
-    .await
-    .unwrap();
-}
+/// Atomic mode: the shared suite of idem-testkit, on a schema of its own
+/// per test.
+mod atomic_mode {
+    use std::ffi::OsString;
 
-async fn transfer_rows(store: &PostgresStore, key: &str) -> i64 {
-    let c = store.pool().get().await.unwrap();
-    c.query_one(
-        &format!(
-            "SELECT count(*) FROM {}.transfers WHERE idem_key = $1",
-            store.schema()
-        ),
-        &[&key],
-    )
-    .await
-    .unwrap()
-    .get(0)
-}
+    use idem_testkit::atomic::{AtomicHarness, Outcome, Plan, REFUSAL, REFUSED_RESOURCE_ID};
 
-/// Runs the transfer under atomic mode; `pause` is awaited inside the
-/// transaction, after the insert and before the commit.
-async fn atomic_transfer(
-    store: &PostgresStore,
-    id: &RecordId,
-    fence: Fence,
-    pause: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Atomic<i64, tokio_postgres::Error> {
-    let schema = store.schema().to_owned();
-    let key = id.key.as_str().to_owned();
-    store
-        .complete_atomically(id, fence, move |tx| {
-            Box::pin(async move {
-                let row = tx
-                    .query_one(&format!("INSERT INTO {schema}.transfers (idem_key, amount) VALUES ($1, 100) RETURNING id"), &[&key])
-                    .await?;
-                let tid: i64 = row.get(0);
-                pause.await;
-                Ok((tid, Completion::completed(response(201, &format!("transfer {tid}"))).with_resource_id(tid.to_string())))
+    use super::*;
+
+    idem_testkit::atomic_conformance_tests!(PostgresHarness);
+
+    /// The crash child's server and schema.
+    const URL_VAR: &str = "IDEM_CRASH_URL";
+    const SCHEMA_VAR: &str = "IDEM_CRASH_SCHEMA";
+
+    /// A schema with the store's tables and `transfers`, dropped with the
+    /// harness (a crash child's harness drops nothing). `admin` reads rows
+    /// and installs triggers beside the store under test.
+    struct PostgresHarness {
+        url: String,
+        admin: PostgresStore,
+        _cleanup: Option<CleanupOnDrop>,
+    }
+
+    impl AtomicHarness for PostgresHarness {
+        type Store = PostgresStore;
+
+        async fn prepare() -> Option<Self> {
+            let url = url()?;
+            let admin = PostgresStore::builder(&url)
+                .schema(schema_name("a"))
+                .pool_size(2)
+                .connect()
+                .await
+                .expect("connect to test postgres");
+            let dropper = admin.clone();
+            let cleanup = CleanupOnDrop::new(move || async move {
+                let _ = dropper.drop_schema().await;
+            });
+            admin
+                .pool()
+                .get()
+                .await
+                .unwrap()
+                .batch_execute(&format!(
+                    "CREATE TABLE {}.transfers (id bigserial PRIMARY KEY, idem_key text NOT NULL, amount bigint NOT NULL)",
+                    admin.schema()
+                ))
+                .await
+                .unwrap();
+            Some(PostgresHarness {
+                url,
+                admin,
+                _cleanup: Some(cleanup),
             })
-        })
-        .await
-        .unwrap()
-}
-
-#[test]
-fn atomic_mode_commits_both_or_neither() {
-    let Some(url) = url() else { return };
-    rt().block_on(async {
-        let g = fresh(&url).await;
-        let store = g.store();
-        business_table(store).await;
-
-        // Commit: row and completed record together.
-        let id = unique_id("atomic-commit-001");
-        let Claim::Acquired(lease) = store.claim_now(&request(&id, "{}", t0())).await.unwrap()
-        else {
-            panic!()
-        };
-        let Atomic::Committed(tid) = atomic_transfer(store, &id, lease.fence, async {}).await
-        else {
-            panic!("expected commit")
-        };
-        let rec = store.get(&id, t0()).await.unwrap().unwrap();
-        assert_eq!(rec.status, Status::Completed);
-        assert_eq!(rec.resource_id, Some(tid.to_string()));
-        assert_eq!(transfer_rows(store, id.key.as_str()).await, 1);
-
-        // The mutation fails: nothing is written and the record stays ours.
-        let id = unique_id("atomic-failure-01");
-        let Claim::Acquired(lease) = store.claim_now(&request(&id, "{}", t0())).await.unwrap()
-        else {
-            panic!()
-        };
-        let schema = store.schema().to_owned();
-        let key = id.key.as_str().to_owned();
-        let out = store
-            .complete_atomically(&id, lease.fence, move |tx| {
-                Box::pin(async move {
-                    tx.execute(
-                        &format!(
-                            "INSERT INTO {schema}.transfers (idem_key, amount) VALUES ($1, 1)"
-                        ),
-                        &[&key],
-                    )
-                    .await?;
-                    tx.execute("SELECT 1/0", &[]).await?;
-                    Ok::<_, tokio_postgres::Error>((
-                        (),
-                        Completion::completed(response(200, "never")),
-                    ))
-                })
-            })
-            .await
-            .unwrap();
-        assert!(matches!(out, Atomic::Failed(_)));
-        assert_eq!(transfer_rows(store, id.key.as_str()).await, 0);
-        let rec = store.get(&id, t0()).await.unwrap().unwrap();
-        assert_eq!((rec.status, rec.fence), (Status::InProgress, lease.fence));
-
-        // A stale fence: the mutation is never run.
-        let later = t0() + LEASE;
-        let Claim::Acquired(_) = store.claim_now(&request(&id, "{}", later)).await.unwrap() else {
-            panic!()
-        };
-        let out = atomic_transfer(store, &id, lease.fence, async {}).await;
-        assert!(matches!(out, Atomic::StaleFence));
-        assert_eq!(transfer_rows(store, id.key.as_str()).await, 0);
-    });
-}
-
-/// The child half of the crash tests: claims, runs the atomic transfer,
-/// says READY at the chosen point, and waits to be killed.
-#[test]
-#[ignore = "child process of the crash tests; run by them"]
-fn crash_child() {
-    let (Ok(url), Ok(schema), Ok(key), Ok(mode)) = (
-        std::env::var("IDEM_CRASH_URL"),
-        std::env::var("IDEM_CRASH_SCHEMA"),
-        std::env::var("IDEM_CRASH_KEY"),
-        std::env::var("IDEM_CRASH_MODE"),
-    ) else {
-        panic!("crash_child needs IDEM_CRASH_* variables");
-    };
-    rt().block_on(async {
-        let store = PostgresStore::builder(url)
-            .schema(schema)
-            .pool_size(2)
-            .connect()
-            .await
-            .unwrap();
-        let id = crash_id(&key);
-        let Claim::Acquired(lease) = store.claim_now(&request(&id, "{}", t0())).await.unwrap()
-        else {
-            panic!("child could not claim")
-        };
-        let before_commit = mode == "before-commit";
-        let pause = async move {
-            if before_commit {
-                println!("{}", idem_core::testkit::crash::READY);
-                std::future::pending::<()>().await;
-            }
-        };
-        let out = atomic_transfer(&store, &id, lease.fence, pause).await;
-        assert!(matches!(out, Atomic::Committed(_)));
-        println!("{}", idem_core::testkit::crash::READY);
-        std::future::pending::<()>().await;
-    });
-}
-
-fn crash_id(key: &str) -> RecordId {
-    RecordId::new(
-        idem_core::Scope::from_raw("crash-test"),
-        idem_core::Operation::new("POST", "/transfers"),
-        idem_core::Key::new(key).unwrap(),
-    )
-}
-
-/// Starts the child, waits for READY, kills it with SIGKILL.
-fn run_and_kill_child(url: &str, schema: &str, key: &str, mode: &str) {
-    idem_core::testkit::crash::run_until_ready_then_kill(
-        "tests::crash_child",
-        &[
-            ("IDEM_CRASH_URL", url.as_ref()),
-            ("IDEM_CRASH_SCHEMA", schema.as_ref()),
-            ("IDEM_CRASH_KEY", key.as_ref()),
-            ("IDEM_CRASH_MODE", mode.as_ref()),
-        ],
-    );
-}
-
-fn crash_test(mode: &str) {
-    let Some(url) = url() else { return };
-    let rt = rt();
-    let g = rt.block_on(fresh(&url));
-    let store = g.store().clone();
-    rt.block_on(business_table(&store));
-    let key = format!("crash-{mode}-0001");
-    run_and_kill_child(&url, store.schema(), &key, mode);
-
-    rt.block_on(async {
-        let id = crash_id(&key);
-        // The retry comes after the lease.
-        let retry = request(&id, "{}", t0() + LEASE);
-        match (mode, store.claim_now(&retry).await.unwrap()) {
-            ("before-commit", Claim::Acquired(lease)) => {
-                assert!(lease.takeover);
-                assert_eq!(
-                    transfer_rows(&store, &key).await,
-                    0,
-                    "the killed transaction left nothing"
-                );
-                let out = atomic_transfer(&store, &id, lease.fence, async {}).await;
-                assert!(matches!(out, Atomic::Committed(_)));
-            }
-            ("after-commit", Claim::Replay(rec)) => {
-                assert_eq!(rec.status, Status::Completed);
-            }
-            (mode, other) => panic!("{mode}: unexpected claim after the crash: {other:?}"),
         }
-        assert_eq!(transfer_rows(&store, &key).await, 1, "exactly one transfer");
-        // And any further retry replays.
-        assert!(matches!(
-            store.claim_now(&retry).await.unwrap(),
-            Claim::Replay(_)
-        ));
-    });
-}
 
-#[test]
-fn crash_before_commit_executes_once_on_retry() {
-    crash_test("before-commit");
-}
+        fn crash_env(&self) -> Vec<(&'static str, OsString)> {
+            vec![
+                (URL_VAR, self.url.clone().into()),
+                (SCHEMA_VAR, self.admin.schema().into()),
+            ]
+        }
 
-#[test]
-fn crash_after_commit_replays_on_retry() {
-    crash_test("after-commit");
-}
+        async fn from_crash_env() -> Self {
+            let (Ok(url), Ok(schema)) = (std::env::var(URL_VAR), std::env::var(SCHEMA_VAR)) else {
+                panic!("the crash child needs {URL_VAR} and {SCHEMA_VAR}");
+            };
+            let admin = PostgresStore::builder(&url)
+                .schema(schema)
+                .pool_size(2)
+                .connect()
+                .await
+                .unwrap();
+            PostgresHarness {
+                url,
+                admin,
+                _cleanup: None,
+            }
+        }
 
-/// Atomic mode: the completion fails after the mutation ran (a trigger
-/// refuses the completion's UPDATE). The caller gets the error and the
-/// transaction does not commit: no transfer row, the record is still ours,
-/// and the same connection then serves the next call cleanly.
-#[test]
-fn atomic_mode_a_failing_completion_commits_nothing() {
-    let Some(url) = url() else { return };
-    rt().block_on(async {
-        let g = fresh(&url).await;
-        business_table(g.store()).await;
-        let s = g.store().schema().to_owned();
-        g.store()
-            .pool()
-            .get()
+        /// One connection: every call after a failed one reuses it.
+        async fn connect(&self) -> PostgresStore {
+            PostgresStore::builder(&self.url)
+                .schema(self.admin.schema())
+                .pool_size(1)
+                .connect()
+                .await
+                .unwrap()
+        }
+
+        async fn complete_atomically(
+            &self,
+            store: &PostgresStore,
+            id: &RecordId,
+            fence: Fence,
+            plan: Plan,
+        ) -> Outcome {
+            let schema = store.schema().to_owned();
+            let key = id.key.as_str().to_owned();
+            let out = store
+                .complete_atomically(id, fence, move |tx| {
+                    Box::pin(async move {
+                        let row: i64 = tx
+                            .query_one(
+                                &format!(
+                                    "INSERT INTO {schema}.transfers (idem_key, amount) \
+                                     VALUES ($1, 100) RETURNING id"
+                                ),
+                                &[&key],
+                            )
+                            .await?
+                            .get(0);
+                        let row = row.to_string();
+                        let mut resource_id = row.clone();
+                        match plan {
+                            Plan::Transfer => {}
+                            Plan::FailAfterInsert => {
+                                tx.execute("SELECT 1/0", &[]).await?;
+                            }
+                            Plan::RefusedCompletion => {
+                                resource_id = REFUSED_RESOURCE_ID.to_owned();
+                            }
+                            Plan::HangBeforeCommit => {
+                                idem_testkit::crash::say_ready();
+                                std::future::pending::<()>().await;
+                            }
+                        }
+                        let c = Completion::completed(response(201, &format!("transfer {row}")))
+                            .with_resource_id(resource_id);
+                        Ok::<_, tokio_postgres::Error>((row, c))
+                    })
+                })
+                .await?;
+            Ok(out.map_failed(|e| e.to_string()))
+        }
+
+        async fn rows(&self, key: &str) -> i64 {
+            let c = self.admin.pool().get().await.unwrap();
+            c.query_one(
+                &format!(
+                    "SELECT count(*) FROM {}.transfers WHERE idem_key = $1",
+                    self.admin.schema()
+                ),
+                &[&key],
+            )
             .await
             .unwrap()
-            .batch_execute(&format!(
-                "CREATE FUNCTION {s}.refuse_boom() RETURNS trigger LANGUAGE plpgsql AS \
-                 $$ BEGIN RAISE EXCEPTION 'completion refused'; END $$; \
-                 CREATE TRIGGER refuse_boom BEFORE UPDATE ON {s}.idem_records FOR EACH ROW \
-                 WHEN (NEW.resource_id = 'boom') EXECUTE FUNCTION {s}.refuse_boom();"
-            ))
-            .await
-            .unwrap();
-        // One connection: the calls after the failure reuse it.
-        let store = PostgresStore::builder(&url)
-            .schema(&s)
-            .pool_size(1)
-            .connect()
-            .await
-            .unwrap();
-        let id = unique_id("pg-atomic-refused");
-        let Claim::Acquired(lease) = store.claim_now(&request(&id, "{}", t0())).await.unwrap()
-        else {
-            panic!()
-        };
-        let key = id.key.as_str().to_owned();
-        let schema = s.clone();
-        let err = store
-            .complete_atomically(&id, lease.fence, move |tx| {
-                Box::pin(async move {
-                    tx.execute(
-                        &format!(
-                            "INSERT INTO {schema}.transfers (idem_key, amount) VALUES ($1, 1)"
-                        ),
-                        &[&key],
-                    )
-                    .await?;
-                    let c =
-                        Completion::completed(response(201, "refused")).with_resource_id("boom");
-                    Ok::<_, tokio_postgres::Error>(((), c))
-                })
-            })
-            .await
-            .unwrap_err();
-        assert!(format!("{err:?}").contains("completion refused"), "{err:?}");
-        assert_eq!(transfer_rows(&store, id.key.as_str()).await, 0);
-        let rec = store.get(&id, t0()).await.unwrap().unwrap();
-        assert_eq!((rec.status, rec.fence), (Status::InProgress, lease.fence));
+            .get(0)
+        }
 
-        let other = unique_id("pg-atomic-after-1");
-        let Claim::Acquired(l2) = store.claim_now(&request(&other, "{}", t0())).await.unwrap()
-        else {
-            panic!()
-        };
-        assert!(matches!(
-            atomic_transfer(&store, &other, l2.fence, async {}).await,
-            Atomic::Committed(_)
-        ));
-        assert_eq!(transfer_rows(&store, other.key.as_str()).await, 1);
-        assert_eq!(transfer_rows(&store, id.key.as_str()).await, 0);
-    });
+        async fn refuse_completions(&self) {
+            let s = self.admin.schema();
+            self.admin
+                .pool()
+                .get()
+                .await
+                .unwrap()
+                .batch_execute(&format!(
+                    "CREATE FUNCTION {s}.refuse_completion() RETURNS trigger LANGUAGE plpgsql AS \
+                     $$ BEGIN RAISE EXCEPTION '{REFUSAL}'; END $$; \
+                     CREATE TRIGGER refuse_completion BEFORE UPDATE ON {s}.idem_records FOR EACH ROW \
+                     WHEN (NEW.resource_id = '{REFUSED_RESOURCE_ID}') EXECUTE FUNCTION {s}.refuse_completion();"
+                ))
+                .await
+                .unwrap();
+        }
+    }
 }
 
 /// An upper bound for assertions, far beyond any expected wait.
@@ -540,8 +414,7 @@ fn a_call_blocked_past_the_statement_timeout_is_unavailable() {
             .await
             .unwrap();
         let id = unique_id("pg-row-locked-01");
-        let Claim::Acquired(lease) = store.claim_now(&request(&id, "{}", t0())).await.unwrap()
-        else {
+        let Claim::Acquired(lease) = store.claim(&request(&id, "{}", t0())).await.unwrap() else {
             panic!()
         };
 
@@ -555,7 +428,7 @@ fn a_call_blocked_past_the_statement_timeout_is_unavailable() {
         .await
         .unwrap();
 
-        let e = tokio::time::timeout(BOUND, store.claim_now(&request(&id, "{}", t0())))
+        let e = tokio::time::timeout(BOUND, store.claim(&request(&id, "{}", t0())))
             .await
             .expect("the claim answers in bounded time")
             .unwrap_err();
@@ -581,7 +454,7 @@ fn a_call_blocked_past_the_statement_timeout_is_unavailable() {
 
         tx.rollback().await.unwrap();
         assert!(matches!(
-            store.claim_now(&request(&id, "{}", t0())).await.unwrap(),
+            store.claim(&request(&id, "{}", t0())).await.unwrap(),
             Claim::InFlight { .. }
         ));
         assert_eq!(
@@ -609,14 +482,14 @@ fn an_exhausted_pool_is_unavailable_after_the_wait() {
             .unwrap();
         let taken = store.pool().get().await.unwrap();
         let id = unique_id("pg-pool-exhausted");
-        let e = tokio::time::timeout(BOUND, store.claim_now(&request(&id, "{}", t0())))
+        let e = tokio::time::timeout(BOUND, store.claim(&request(&id, "{}", t0())))
             .await
             .expect("the claim answers in bounded time")
             .unwrap_err();
         assert!(e.is_unavailable(), "{e:?}");
         drop(taken);
         assert!(matches!(
-            store.claim_now(&request(&id, "{}", t0())).await.unwrap(),
+            store.claim(&request(&id, "{}", t0())).await.unwrap(),
             Claim::Acquired(_)
         ));
     });

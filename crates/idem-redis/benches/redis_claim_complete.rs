@@ -7,7 +7,7 @@ use std::sync::Arc;
 use idem_redis::RedisStore;
 
 fn main() {
-    let Some(url) = idem_core::testkit::backend_url("IDEM_TEST_REDIS_URL", "Redis") else {
+    let Some(url) = idem_testkit::backend_url("IDEM_TEST_REDIS_URL", "Redis") else {
         return;
     };
     let rt = tokio::runtime::Runtime::new().expect("runtime");
@@ -17,7 +17,7 @@ fn main() {
             .connect()
             .await
             .expect("connect");
-        idem_core::testkit::print_pair_rates(Arc::new(store.clone())).await;
+        idem_testkit::print_pair_rates(Arc::new(store.clone())).await;
         store.delete_all().await.expect("clean up");
     });
 }

@@ -2,13 +2,15 @@
 //! key prefix of its own, deleted afterwards.
 
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
-use idem_core::testkit::{CleanupOnDrop, Guarded, request, t0, unique_id};
+use idem_core::Operation;
+use idem_testkit::{CleanupOnDrop, Guarded, request, t0, unique_id};
 
 use super::*;
 
 fn url() -> Option<String> {
-    idem_core::testkit::backend_url("IDEM_TEST_REDIS_URL", "Redis")
+    idem_testkit::backend_url("IDEM_TEST_REDIS_URL", "Redis")
 }
 
 fn prefix() -> String {
@@ -38,7 +40,7 @@ async fn fresh(url: &str) -> Guarded<RedisStore> {
 mod conformance {
     use super::*;
 
-    idem_core::conformance_tests!(optional async {
+    idem_testkit::conformance_tests!(optional async {
         match url() {
             Some(u) => Some(fresh(&u).await),
             None => None,
@@ -47,7 +49,7 @@ mod conformance {
 }
 
 fn rt() -> tokio::runtime::Runtime {
-    idem_core::testkit::runtime()
+    idem_testkit::runtime()
 }
 
 /// Two connections (as two instances), 64 tasks, one key: one winner.
@@ -61,7 +63,7 @@ fn cross_instance_race_has_one_winner() {
             .connect()
             .await
             .unwrap();
-        idem_core::testkit::race_one_key_across(
+        idem_testkit::race_one_key_across(
             &[
                 std::sync::Arc::new(a.store().clone()),
                 std::sync::Arc::new(b),
@@ -97,7 +99,7 @@ fn scripts_survive_a_flush() {
     });
 }
 
-use crate::testkit::{PrivateRedis, free_port};
+use idem_testkit::private_redis::{PrivateRedis, free_port};
 
 /// The store fails with `Unavailable` while Redis is down and works again
 /// once it is back, without being rebuilt; the new server has no scripts,
@@ -215,7 +217,7 @@ fn the_key_index_is_cleaned_by_look_ups() {
             .query_async(&mut conn)
             .await
             .unwrap();
-        assert_eq!(expiry, (t0() + idem_core::testkit::TTL * 2).as_millis());
+        assert_eq!(expiry, (t0() + idem_testkit::TTL * 2).as_millis());
         assert_eq!(members(conn.clone(), index.clone()).await, 3);
 
         assert_eq!(
@@ -238,7 +240,7 @@ fn the_key_index_is_cleaned_by_look_ups() {
             "the look-up removes it"
         );
         // Past the shorter ttl, the expired record's member goes too.
-        let at = t0() + idem_core::testkit::TTL / 2;
+        let at = t0() + idem_testkit::TTL / 2;
         let found = store.find_by_key(&id.scope, &id.key, at, 10).await.unwrap();
         assert_eq!(found.iter().map(|r| &r.id).collect::<Vec<_>>(), [&later]);
         assert_eq!(members(conn.clone(), index.clone()).await, 1);

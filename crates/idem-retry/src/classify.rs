@@ -1,4 +1,4 @@
-//! Which failures are retried (DESIGN.md section 4).
+//! Which failures are retried (docs/contract.md, *Retries*).
 
 use crate::observe::{Observation, Observed};
 
@@ -101,7 +101,7 @@ pub trait Classify: Send + Sync + std::fmt::Debug {
     fn classify(&self, observation: &Observation, call: CallKind) -> Decision;
 }
 
-/// The table of DESIGN.md section 4.
+/// The table of docs/contract.md, *Retries*.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DefaultClassifier;
 

@@ -78,6 +78,20 @@ impl CallSpec {
         self.key = KeyMode::None;
         self
     }
+
+    /// For an HTTP request the adapters retry: as [`CallSpec::for_method`],
+    /// but an `Idempotency-Key` the request already carries is kept.
+    #[cfg(any(feature = "reqwest", feature = "tower"))]
+    pub(crate) fn for_request(method: &Method, headers: &http::HeaderMap) -> CallSpec {
+        let spec = CallSpec::for_method(method);
+        match headers
+            .get(idem_core::header_names::IDEMPOTENCY_KEY)
+            .and_then(|v| v.to_str().ok())
+        {
+            Some(key) => spec.with_key(key),
+            None => spec,
+        }
+    }
 }
 
 /// What one attempt should send.
@@ -89,6 +103,59 @@ pub struct Attempt {
     pub key: Option<Arc<str>>,
     /// A refreshed `Authorization` value, after a 401/403 refresh.
     pub authorization: Option<HeaderValue>,
+}
+
+impl Attempt {
+    /// Sets this attempt's `Idempotency-Key` and refreshed `Authorization`
+    /// on an HTTP request's headers (what the adapters send).
+    #[cfg(any(feature = "reqwest", feature = "tower"))]
+    pub(crate) fn set_headers(&self, headers: &mut http::HeaderMap) {
+        if let Some(key) = &self.key
+            && let Ok(v) = HeaderValue::from_str(key)
+        {
+            headers.insert(idem_core::header_names::IDEMPOTENCY_KEY, v);
+        }
+        if let Some(auth) = &self.authorization {
+            headers.insert(http::header::AUTHORIZATION, auth.clone());
+        }
+    }
+}
+
+/// What the loop sends attempts through.
+///
+/// [`Retrier::call`] wraps its closure in one. An adapter whose attempts
+/// borrow something mutably (the reqwest middleware lends its `Next` and
+/// `&mut Extensions` to each attempt) implements it on a struct, since a
+/// closure cannot lend what it captures to the future it returns.
+pub(crate) trait Transport {
+    /// A response.
+    type Response: ObserveResponse;
+    /// A transport failure.
+    type Error: ObserveError;
+
+    /// Makes one attempt with what `attempt` says.
+    fn send(
+        &mut self,
+        attempt: Attempt,
+    ) -> impl Future<Output = Result<Self::Response, Self::Error>>;
+}
+
+/// A closure as a [`Transport`].
+struct SendFn<F>(F);
+
+impl<F, Fut, R, E> Transport for SendFn<F>
+where
+    F: FnMut(Attempt) -> Fut,
+    Fut: Future<Output = Result<R, E>>,
+    R: ObserveResponse,
+    E: ObserveError,
+{
+    type Response = R;
+    type Error = E;
+
+    fn send(&mut self, attempt: Attempt) -> impl Future<Output = Result<R, E>> {
+        (self.0)(attempt)
+    }
 }
 
 /// Why a call stopped.
@@ -185,7 +252,7 @@ impl Retrier {
     pub async fn call_with_report<R, E, F, Fut>(
         &self,
         spec: CallSpec,
-        mut send: F,
+        send: F,
     ) -> (Result<R, RetryError<E>>, CallReport)
     where
         R: ObserveResponse,
@@ -193,9 +260,18 @@ impl Retrier {
         F: FnMut(Attempt) -> Fut,
         Fut: Future<Output = Result<R, E>>,
     {
+        self.run(spec, &mut SendFn(send)).await
+    }
+
+    /// The retry loop: every way of making a call ends here.
+    pub(crate) async fn run<T: Transport>(
+        &self,
+        spec: CallSpec,
+        transport: &mut T,
+    ) -> (Result<T::Response, RetryError<T::Error>>, CallReport) {
         let mut call = self.start(spec);
         loop {
-            let result = send(call.next_attempt()).await;
+            let result = transport.send(call.next_attempt()).await;
             let observation = match &result {
                 Ok(r) => r.observe(),
                 Err(e) => e.observe(),
@@ -224,8 +300,10 @@ impl Retrier {
         }
     }
 
-    /// Starts a call whose attempts the caller sends itself (adapters whose
-    /// transport cannot be put in a closure use this).
+    /// Starts a call whose attempts the caller sends itself, deciding after
+    /// each with [`CallState::after`] (for a transport that can be put
+    /// neither in a closure for [`Retrier::call`] nor in this crate's
+    /// adapters).
     pub fn start(&self, spec: CallSpec) -> CallState {
         let key: Option<Arc<str>> = match spec.key {
             KeyMode::Generate => Some(uuid::Uuid::new_v4().to_string().into()),

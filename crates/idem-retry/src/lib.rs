@@ -2,8 +2,7 @@
 //!
 //! A logical call gets one `Idempotency-Key` (a UUID v4 unless you give
 //! one), sent unchanged on every attempt, so the server executes it once
-//! however often it is retried. Each failure is classified (DESIGN.md
-//! section 4): a request that was never sent is always retried; one whose
+//! however often it is retried. Each failure is classified (docs/contract.md, *Retries*): a request that was never sent is always retried; one whose
 //! result is unknown only with its key; 409, 429, 502–504, 408 and 425 with
 //! backoff, honouring `Retry-After`; other 5xx only with a key; 4xx never
 //! (401/403 once after a credential refresh). Delays are exponential with

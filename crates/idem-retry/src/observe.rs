@@ -3,6 +3,7 @@
 use std::time::{Duration, SystemTime};
 
 use http::HeaderMap;
+use idem_core::header_names;
 
 /// How an attempt ended, as far as retrying is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,7 +48,7 @@ impl Observation {
         Observation {
             observed: Observed::Status(status),
             retry_after: text("retry-after").and_then(|v| parse_retry_after(v, SystemTime::now())),
-            key_expires: text("idempotency-key-expires")
+            key_expires: text(header_names::IDEMPOTENCY_KEY_EXPIRES)
                 .and_then(|v| httpdate::parse_http_date(v).ok()),
         }
     }

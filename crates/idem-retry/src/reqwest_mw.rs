@@ -1,14 +1,12 @@
 //! The reqwest-middleware adapter.
 
-use http::{Extensions, HeaderValue, header};
+use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 
-use crate::engine::{CallSpec, Retrier, RetryError, Step};
+use crate::engine::{Attempt, CallSpec, Retrier, RetryError, Transport};
 use crate::observe::{Observation, ObserveError, ObserveResponse, Observed};
 use crate::policy::RetryPolicy;
-
-const KEY: &str = "idempotency-key";
 
 impl ObserveResponse for Response {
     fn observe(&self) -> Observation {
@@ -68,6 +66,34 @@ impl RetryMiddleware {
 #[error(transparent)]
 struct Expired(RetryError<std::convert::Infallible>);
 
+/// The attempts of one request, each sent through the rest of the chain.
+struct ChainAttempts<'a> {
+    /// The request as the caller built it; each attempt sends a clone.
+    request: &'a Request,
+    extensions: &'a mut Extensions,
+    next: Next<'a>,
+}
+
+impl Transport for ChainAttempts<'_> {
+    type Response = Response;
+    type Error = reqwest_middleware::Error;
+
+    async fn send(&mut self, attempt: Attempt) -> reqwest_middleware::Result<Response> {
+        // Not reached: `handle` sends a request it cannot clone (a streamed
+        // body) once, outside the loop, and `try_clone` answers the same
+        // every time for the same request.
+        let Some(mut request) = self.request.try_clone() else {
+            return Err(reqwest_middleware::Error::middleware(NotCloneable));
+        };
+        attempt.set_headers(request.headers_mut());
+        self.next.clone().run(request, self.extensions).await
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("the request body cannot be cloned for another attempt")]
+struct NotCloneable;
+
 #[async_trait::async_trait]
 impl Middleware for RetryMiddleware {
     async fn handle(
@@ -76,48 +102,116 @@ impl Middleware for RetryMiddleware {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
-        let mut spec = CallSpec::for_method(req.method());
-        if let Some(k) = req.headers().get(KEY).and_then(|v| v.to_str().ok()) {
-            spec = spec.with_key(k);
-        }
+        let spec = CallSpec::for_request(req.method(), req.headers());
         if req.try_clone().is_none() {
             return next.run(req, extensions).await;
         }
-        let mut call = self.retrier.start(spec);
-        loop {
-            let attempt = call.next_attempt();
-            let Some(mut this) = req.try_clone() else {
-                return next.run(req, extensions).await;
-            };
-            if let Some(key) = &attempt.key
-                && let Ok(v) = HeaderValue::from_str(key)
-            {
-                this.headers_mut().insert(KEY, v);
-            }
-            if let Some(auth) = attempt.authorization {
-                this.headers_mut().insert(header::AUTHORIZATION, auth);
-            }
-            let result = next.clone().run(this, extensions).await;
-            let observation = match &result {
-                Ok(r) => r.observe(),
-                Err(e) => e.observe(),
-            };
-            match call.after(&observation).await {
-                Step::Retry(delay) => {
-                    drop(result);
-                    tokio::time::sleep(delay).await;
-                }
-                Step::Stop(_) => return result,
-                Step::KeyExpired(expires_at) => {
-                    let attempts = call.finish(crate::Stop::KeyExpired).attempts;
-                    return Err(reqwest_middleware::Error::middleware(Expired(
-                        RetryError::KeyExpired {
-                            expires_at,
-                            attempts,
-                        },
-                    )));
-                }
-            }
+        let mut attempts = ChainAttempts {
+            request: &req,
+            extensions,
+            next,
+        };
+        match self.retrier.run(spec, &mut attempts).await.0 {
+            Ok(response) => Ok(response),
+            Err(RetryError::Transport(e)) => Err(e),
+            Err(RetryError::KeyExpired {
+                expires_at,
+                attempts,
+            }) => Err(reqwest_middleware::Error::middleware(Expired(
+                RetryError::KeyExpired {
+                    expires_at,
+                    attempts,
+                },
+            ))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // a panic is a failed assertion
+
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::{Duration, SystemTime};
+
+    use axum::http::{HeaderMap, HeaderValue, StatusCode};
+    use axum::routing::post;
+
+    use super::*;
+    use crate::backoff::Backoff;
+
+    /// A server whose every POST is 503 with `Retry-After: 5` and a key
+    /// that expires in 2 s; returns its URL and its request count.
+    async fn unavailable_server() -> (String, Arc<AtomicUsize>) {
+        let hits = Arc::new(AtomicUsize::new(0));
+        let counter = hits.clone();
+        let app = axum::Router::new().route(
+            "/",
+            post(move || {
+                let counter = counter.clone();
+                async move {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    let mut headers = HeaderMap::new();
+                    headers.insert("retry-after", HeaderValue::from_static("5"));
+                    let expires = SystemTime::now() + Duration::from_secs(2);
+                    headers.insert(
+                        idem_core::header_names::IDEMPOTENCY_KEY_EXPIRES,
+                        HeaderValue::from_str(&httpdate::fmt_http_date(expires)).unwrap(),
+                    );
+                    (StatusCode::SERVICE_UNAVAILABLE, headers)
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (url, hits)
+    }
+
+    fn client() -> reqwest_middleware::ClientWithMiddleware {
+        let policy = RetryPolicy::builder()
+            .no_budget()
+            .backoff(Backoff::new(
+                Duration::from_millis(1),
+                Duration::from_millis(5),
+            ))
+            .build();
+        reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+            .with(RetryMiddleware::new(policy))
+            .build()
+    }
+
+    #[tokio::test]
+    async fn a_key_expiring_before_the_retry_fails_the_call_after_one_attempt() {
+        let (url, hits) = unavailable_server().await;
+        let err = client().post(&url).body("{}").send().await.unwrap_err();
+        assert_eq!(hits.load(Ordering::SeqCst), 1);
+        let reqwest_middleware::Error::Middleware(e) = err else {
+            panic!("not a middleware error: {err:?}");
+        };
+        let text = e.to_string();
+        assert!(text.contains("Idempotency-Key expires at"), "{text}");
+        let expired = e.downcast_ref::<Expired>().unwrap();
+        assert!(matches!(
+            expired.0,
+            RetryError::KeyExpired { attempts: 1, .. }
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_streamed_body_is_sent_once() {
+        let (url, hits) = unavailable_server().await;
+        let body = futures_util::stream::once(async {
+            Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"{}"))
+        });
+        let resp = client()
+            .post(&url)
+            .body(reqwest::Body::wrap_stream(body))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(hits.load(Ordering::SeqCst), 1);
     }
 }

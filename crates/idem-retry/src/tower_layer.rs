@@ -5,7 +5,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::{HeaderValue, Request, Response, header};
+use http::{Request, Response};
 use http_body_util::Full;
 use tower::{Layer, Service, ServiceExt};
 
@@ -95,26 +95,12 @@ where
         let inner = self.inner.clone();
         let retrier = self.retrier.clone();
         Box::pin(async move {
-            let mut spec = CallSpec::for_method(req.method());
-            if let Some(k) = req
-                .headers()
-                .get("idempotency-key")
-                .and_then(|v| v.to_str().ok())
-            {
-                spec = spec.with_key(k);
-            }
+            let spec = CallSpec::for_request(req.method(), req.headers());
             let (parts, body) = req.into_parts();
             retrier
                 .call(spec, move |attempt| {
                     let mut r = Request::from_parts(parts.clone(), body.clone());
-                    if let Some(key) = &attempt.key
-                        && let Ok(v) = HeaderValue::from_str(key)
-                    {
-                        r.headers_mut().insert("idempotency-key", v);
-                    }
-                    if let Some(auth) = attempt.authorization {
-                        r.headers_mut().insert(header::AUTHORIZATION, auth);
-                    }
+                    attempt.set_headers(r.headers_mut());
                     inner.clone().oneshot(r)
                 })
                 .await

@@ -20,7 +20,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::oneshot;
 
 use crate::SqliteStore;
-use crate::row::{fence_to_sql, store_error};
+use crate::error::sqlite_error;
 use crate::writer::{AtomicJob, Job, complete_in};
 
 type Answer<T, E> = oneshot::Sender<Result<Atomic<T, E>, StoreError>>;
@@ -67,11 +67,11 @@ fn run_in_savepoint<T, E>(
     fence: Fence,
     mutation: impl FnOnce(&Connection) -> Result<(T, Completion), E>,
 ) -> Result<Atomic<T, E>, StoreError> {
-    let Some(sql_fence) = fence_to_sql(fence) else {
+    let Some(sql_fence) = fence.to_i64() else {
         return Ok(Atomic::StaleFence);
     };
     conn.execute_batch("SAVEPOINT idem_atomic")
-        .map_err(|e| store_error("atomic mode", e))?;
+        .map_err(|e| sqlite_error("atomic mode", e))?;
     let result = in_savepoint(conn, id, fence, sql_fence, mutation);
     let end = if matches!(result, Ok(Atomic::Committed(_))) {
         conn.execute_batch("RELEASE idem_atomic")
@@ -91,7 +91,7 @@ fn run_in_savepoint<T, E>(
             }
             Err(result
                 .err()
-                .unwrap_or_else(|| store_error("ending an atomic savepoint", e)))
+                .unwrap_or_else(|| sqlite_error("ending an atomic savepoint", e)))
         }
     }
 }
@@ -104,7 +104,7 @@ fn in_savepoint<T, E>(
     sql_fence: i64,
     mutation: impl FnOnce(&Connection) -> Result<(T, Completion), E>,
 ) -> Result<Atomic<T, E>, StoreError> {
-    let sql = |e| store_error("atomic mode", e);
+    let sql = |e| sqlite_error("atomic mode", e);
     let held = conn
         .prepare_cached(
             "SELECT 1 FROM idem_records WHERE scope = ?1 AND operation = ?2 AND key = ?3 \

@@ -80,133 +80,28 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Sender};
+use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use idem_core::{
-    BoxFuture, Claim, ClaimRequest, Completion, Fence, Key, Operation, Record, RecordId, Scope,
-    Settled, StaleCursor, Store, StoreError, StoreErrorKind, Timestamp,
+    BoxFuture, Claim, ClaimRequest, Completion, Fence, Key, Record, RecordId, Scope, Settled,
+    StaleCursor, Store, StoreError, StoreErrorKind, Timestamp,
 };
 use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::oneshot;
 
 mod atomic;
+mod builder;
+mod error;
 mod row;
 mod schema;
 mod writer;
 
-use writer::{Job, Writer};
-
-/// SQLite's `synchronous` setting for the store.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum Synchronous {
-    /// Every commit is on disk before the store answers. The default, and the
-    /// only setting that keeps the contract's durability promise across a
-    /// power loss.
-    #[default]
-    Full,
-    /// WAL commits survive a process crash but not a power loss. For tests
-    /// and benchmarks that want to see the difference.
-    Normal,
-}
-
-impl Synchronous {
-    fn pragma(self) -> &'static str {
-        match self {
-            Synchronous::Full => "FULL",
-            Synchronous::Normal => "NORMAL",
-        }
-    }
-}
-
-/// Options for opening a store.
-#[derive(Debug, Clone)]
-pub struct SqliteStoreBuilder {
-    path: PathBuf,
-    synchronous: Synchronous,
-    max_batch: usize,
-    readers: usize,
-    max_queue: usize,
-    write_timeout: Duration,
-}
-
-impl SqliteStoreBuilder {
-    /// `synchronous`. Default [`Synchronous::Full`].
-    pub fn synchronous(mut self, s: Synchronous) -> Self {
-        self.synchronous = s;
-        self
-    }
-
-    /// The most operations one transaction holds. Default 1024.
-    pub fn max_batch(mut self, n: usize) -> Self {
-        self.max_batch = n.max(1);
-        self
-    }
-
-    /// How many idle read connections are kept. Default 4.
-    pub fn readers(mut self, n: usize) -> Self {
-        self.readers = n.max(1);
-        self
-    }
-
-    /// The most write operations waiting for the writer thread (not yet in
-    /// a batch). A call that finds the queue full fails at once with
-    /// [`StoreErrorKind::Unavailable`] (the HTTP layer answers 503). Default
-    /// 10,000.
-    pub fn max_queue(mut self, n: usize) -> Self {
-        self.max_queue = n.max(1);
-        self
-    }
-
-    /// How long a write call waits for the writer's answer (time in the
-    /// queue plus the batch's transaction and fsync) before failing with
-    /// [`StoreErrorKind::Unavailable`]. The operation may still be applied
-    /// afterwards: see the crate docs. Default 5 s.
-    pub fn write_timeout(mut self, timeout: Duration) -> Self {
-        self.write_timeout = timeout;
-        self
-    }
-
-    /// Opens (or creates) the store and starts its writer thread.
-    ///
-    /// # Errors
-    /// [`StoreErrorKind::Setup`] when the file cannot be opened or created,
-    /// is not an idem store, is read-only, or has a newer schema.
-    pub fn open(self) -> Result<SqliteStore, StoreError> {
-        let conn = schema::open_writer(&self.path, self.synchronous)?;
-        let writer = Writer::new(conn, self.max_batch)?;
-        // One reader up front proves the file can be read by others.
-        let first_reader = schema::open_reader(&self.path)?;
-        let (tx, rx) = mpsc::channel();
-        let queued = Arc::new(AtomicUsize::new(0));
-        let writer_queued = queued.clone();
-        let thread = std::thread::Builder::new()
-            .name("idem-sqlite-writer".into())
-            .spawn(move || writer.run(rx, &writer_queued))
-            .map_err(|e| {
-                StoreError::new(
-                    StoreErrorKind::Setup,
-                    "sqlite store: cannot start the writer thread",
-                )
-                .with_source(e)
-            })?;
-        Ok(SqliteStore {
-            inner: Arc::new(Inner {
-                jobs: Some(tx),
-                queued,
-                max_queue: self.max_queue,
-                write_timeout: self.write_timeout,
-                thread: Some(thread),
-                readers: Mutex::new(vec![first_reader]),
-                max_readers: self.readers,
-                path: self.path,
-            }),
-        })
-    }
-}
+pub use builder::{SqliteStoreBuilder, Synchronous};
+use error::sqlite_error;
+use writer::Job;
 
 /// The SQLite store. Clones share one file, one writer and one reader pool.
 #[derive(Clone)]
@@ -262,14 +157,7 @@ impl SqliteStore {
 
     /// Options for opening a store at `path`.
     pub fn builder(path: impl AsRef<Path>) -> SqliteStoreBuilder {
-        SqliteStoreBuilder {
-            path: path.as_ref().to_owned(),
-            synchronous: Synchronous::Full,
-            max_batch: 1024,
-            readers: 4,
-            max_queue: 10_000,
-            write_timeout: Duration::from_secs(5),
-        }
+        SqliteStoreBuilder::new(path.as_ref())
     }
 
     /// The file this store keeps its records in.
@@ -277,6 +165,8 @@ impl SqliteStore {
         &self.inner.path
     }
 
+    /// Sends a job to the writer thread and waits for its answer, within
+    /// the queue's bound and the write timeout.
     pub(crate) async fn submit<T>(
         &self,
         make: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> Job,
@@ -392,7 +282,7 @@ impl Store for SqliteStore {
                     )
                     .optional()
                 })
-                .map_err(|e| row::store_error("reading a record", e))?;
+                .map_err(|e| sqlite_error("reading a record", e))?;
             Ok(rec.filter(|r| r.is_live(now)))
         }))
     }
@@ -432,29 +322,14 @@ impl Store for SqliteStore {
             );
             let mut stmt = conn
                 .prepare_cached(&sql)
-                .map_err(|e| row::store_error("listing stale records", e))?;
+                .map_err(|e| sqlite_error("listing stale records", e))?;
             let rows = stmt
                 .query_map(
                     params![now.as_millis(), lease, scope, op, key, limit],
-                    |r| {
-                        let key: String = r.get(12)?;
-                        let key = Key::new(key).map_err(|e| {
-                            rusqlite::Error::FromSqlConversionFailure(
-                                12,
-                                rusqlite::types::Type::Text,
-                                Box::new(e),
-                            )
-                        })?;
-                        let id = RecordId::new(
-                            Scope::from_raw(r.get::<_, String>(10)?),
-                            Operation::from_raw(r.get::<_, String>(11)?),
-                            key,
-                        );
-                        row::record_from_row(&id, r)
-                    },
+                    row::record_with_id_from_row,
                 )
                 .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
-                .map_err(|e| row::store_error("listing stale records", e))?;
+                .map_err(|e| sqlite_error("listing stale records", e))?;
             Ok(rows)
         }))
     }
@@ -477,21 +352,14 @@ impl Store for SqliteStore {
             );
             let mut stmt = conn
                 .prepare_cached(&sql)
-                .map_err(|e| row::store_error("finding records by key", e))?;
+                .map_err(|e| sqlite_error("finding records by key", e))?;
             let rows = stmt
                 .query_map(
                     params![scope.as_str(), key.as_str(), now.as_millis(), limit],
-                    |r| {
-                        let id = RecordId::new(
-                            scope.clone(),
-                            Operation::from_raw(r.get::<_, String>(10)?),
-                            key.clone(),
-                        );
-                        row::record_from_row(&id, r)
-                    },
+                    |r| row::record_with_operation_from_row(&scope, &key, r),
                 )
                 .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
-                .map_err(|e| row::store_error("finding records by key", e))?;
+                .map_err(|e| sqlite_error("finding records by key", e))?;
             Ok(rows)
         }))
     }

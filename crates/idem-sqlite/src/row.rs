@@ -1,8 +1,8 @@
-//! Converting between SQLite rows and records.
+//! Converting between SQLite rows and records: decoding what a query
+//! selected, encoding a fence.
 
 use idem_core::{
-    Fence, Fingerprint, Record, RecordId, Status, StoreError, StoreErrorKind, StoredResponse,
-    Timestamp,
+    Fence, Fingerprint, Key, Operation, Record, RecordId, Scope, Status, StoredResponse, Timestamp,
 };
 use rusqlite::Row;
 
@@ -45,30 +45,32 @@ pub(crate) fn record_from_row(id: &RecordId, row: &Row<'_>) -> rusqlite::Result<
     })
 }
 
-/// Maps a SQLite error to a store error: busy and I/O failures are
-/// transient (`Unavailable`), bad stored data is `Corrupt`.
-pub(crate) fn store_error(context: &str, e: rusqlite::Error) -> StoreError {
-    use rusqlite::ErrorCode as C;
-    let kind = match &e {
-        rusqlite::Error::SqliteFailure(f, _) => match f.code {
-            C::DatabaseBusy
-            | C::DatabaseLocked
-            | C::SystemIoFailure
-            | C::DiskFull
-            | C::OutOfMemory => StoreErrorKind::Unavailable,
-            C::DatabaseCorrupt | C::NotADatabase => StoreErrorKind::Corrupt,
-            _ => StoreErrorKind::Backend,
-        },
-        rusqlite::Error::InvalidColumnType(..) | rusqlite::Error::FromSqlConversionFailure(..) => {
-            StoreErrorKind::Corrupt
-        }
-        _ => StoreErrorKind::Backend,
-    };
-    StoreError::new(kind, format!("sqlite store: {context}")).with_source(e)
+/// Reads a record from a row of [`COLUMNS`] followed by `scope, operation,
+/// key` (the stale listing).
+pub(crate) fn record_with_id_from_row(row: &Row<'_>) -> rusqlite::Result<Record> {
+    let key: String = row.get(12)?;
+    let key = Key::new(key).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(12, rusqlite::types::Type::Text, Box::new(e))
+    })?;
+    let id = RecordId::new(
+        Scope::from_raw(row.get::<_, String>(10)?),
+        Operation::from_raw(row.get::<_, String>(11)?),
+        key,
+    );
+    record_from_row(&id, row)
 }
 
-/// A fence as SQLite stores it. Fences above `i64::MAX` were never handed
-/// out, so they are stale by construction.
-pub(crate) fn fence_to_sql(fence: Fence) -> Option<i64> {
-    i64::try_from(fence.get()).ok()
+/// Reads a record of `scope` and `key` from a row of [`COLUMNS`] followed
+/// by `operation` (the look-up by key).
+pub(crate) fn record_with_operation_from_row(
+    scope: &Scope,
+    key: &Key,
+    row: &Row<'_>,
+) -> rusqlite::Result<Record> {
+    let id = RecordId::new(
+        scope.clone(),
+        Operation::from_raw(row.get::<_, String>(10)?),
+        key.clone(),
+    );
+    record_from_row(&id, row)
 }

@@ -7,10 +7,11 @@
 
 use std::path::Path;
 
-use idem_core::{StoreError, StoreErrorKind};
+use idem_core::StoreError;
 use rusqlite::{Connection, OpenFlags};
 
 use crate::Synchronous;
+use crate::error::{setup, setup_error};
 
 /// "idem" in ASCII.
 const APPLICATION_ID: i64 = 0x6964_656d;
@@ -53,86 +54,68 @@ const SCHEMA_V3: &str = "
 CREATE INDEX idem_records_scope_key ON idem_records (scope, key);
 ";
 
-fn setup(message: String) -> StoreError {
-    StoreError::new(StoreErrorKind::Setup, message)
-}
-
-fn sql_setup(path: &Path, what: &str, e: rusqlite::Error) -> StoreError {
-    let hint = match &e {
-        rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::NotADatabase => {
-            " (the file is not an SQLite database)"
-        }
-        rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::ReadOnly => {
-            " (the file or its directory is read-only)"
-        }
-        _ => "",
-    };
-    setup(format!("{}: {what}{hint}", path.display())).with_source(e)
-}
-
 /// Opens the writer's connection, creating or checking the schema.
 pub(crate) fn open_writer(path: &Path, sync: Synchronous) -> Result<Connection, StoreError> {
     if let Ok(meta) = std::fs::metadata(path)
         && meta.permissions().readonly()
     {
-        return Err(setup(format!(
-            "{}: the store file is read-only; idem needs to write to it",
-            path.display()
-        )));
+        return Err(setup(
+            path,
+            "the store file is read-only; idem needs to write to it",
+        ));
     }
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
         | OpenFlags::SQLITE_OPEN_CREATE
         | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let conn = Connection::open_with_flags(path, flags)
-        .map_err(|e| sql_setup(path, "cannot open the store file", e))?;
+        .map_err(|e| setup_error(path, "cannot open the store file", e))?;
     if conn.is_readonly(rusqlite::MAIN_DB).unwrap_or(false) {
-        return Err(setup(format!(
-            "{}: the store file is read-only",
-            path.display()
-        )));
+        return Err(setup(path, "the store file is read-only"));
     }
     let app_id: i64 = conn
         .query_row("PRAGMA application_id", [], |r| r.get(0))
-        .map_err(|e| sql_setup(path, "cannot read the file", e))?;
+        .map_err(|e| setup_error(path, "cannot read the file", e))?;
     let version: i64 = conn
         .query_row("PRAGMA user_version", [], |r| r.get(0))
-        .map_err(|e| sql_setup(path, "cannot read the file", e))?;
+        .map_err(|e| setup_error(path, "cannot read the file", e))?;
     let tables: i64 = conn
         .query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))
-        .map_err(|e| sql_setup(path, "cannot read the file", e))?;
+        .map_err(|e| setup_error(path, "cannot read the file", e))?;
 
     match (app_id, version) {
         (0, 0) if tables == 0 => {}
         (APPLICATION_ID, v) if (1..=SCHEMA_VERSION).contains(&v) => {}
         (APPLICATION_ID, v) if v > SCHEMA_VERSION => {
-            return Err(setup(format!(
-                "{}: the store was written by a newer idem (schema {v}; this one knows {SCHEMA_VERSION})",
-                path.display()
-            )));
+            return Err(setup(
+                path,
+                &format!(
+                    "the store was written by a newer idem (schema {v}; this one knows {SCHEMA_VERSION})"
+                ),
+            ));
         }
         _ => {
-            return Err(setup(format!(
-                "{}: the file is an SQLite database but not an idem store",
-                path.display()
-            )));
+            return Err(setup(
+                path,
+                "the file is an SQLite database but not an idem store",
+            ));
         }
     }
 
     conn.pragma_update(None, "journal_mode", "WAL")
-        .map_err(|e| sql_setup(path, "cannot switch to WAL", e))?;
+        .map_err(|e| setup_error(path, "cannot switch to WAL", e))?;
     conn.pragma_update(None, "synchronous", sync.pragma())
-        .map_err(|e| sql_setup(path, "cannot set synchronous", e))?;
+        .map_err(|e| setup_error(path, "cannot set synchronous", e))?;
     // Checkpoint the WAL every 8,000 pages (32 MiB) instead of 1,000, so
     // checkpoints (each an fsync of the main file) are rarer. Durability is
     // unchanged: every commit still fsyncs the WAL. (A larger page cache was
     // tried and measured slower: SQLite walks it on every transaction end.)
     conn.execute_batch("PRAGMA wal_autocheckpoint = 8000;")
-        .map_err(|e| sql_setup(path, "cannot set the checkpoint interval", e))?;
+        .map_err(|e| setup_error(path, "cannot set the checkpoint interval", e))?;
     conn.busy_timeout(std::time::Duration::from_secs(5))
-        .map_err(|e| sql_setup(path, "cannot set busy timeout", e))?;
+        .map_err(|e| setup_error(path, "cannot set busy timeout", e))?;
 
     if tables == 0 || version < SCHEMA_VERSION {
-        migrate(&conn).map_err(|e| sql_setup(path, "cannot create or migrate the schema", e))?;
+        migrate(&conn).map_err(|e| setup_error(path, "cannot create or migrate the schema", e))?;
     }
     Ok(conn)
 }
@@ -141,11 +124,11 @@ pub(crate) fn open_writer(path: &Path, sync: Synchronous) -> Result<Connection, 
 pub(crate) fn open_reader(path: &Path) -> Result<Connection, StoreError> {
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let conn = Connection::open_with_flags(path, flags)
-        .map_err(|e| sql_setup(path, "cannot open a reader", e))?;
+        .map_err(|e| setup_error(path, "cannot open a reader", e))?;
     conn.pragma_update(None, "query_only", true)
-        .map_err(|e| sql_setup(path, "cannot set query_only", e))?;
+        .map_err(|e| setup_error(path, "cannot set query_only", e))?;
     conn.busy_timeout(std::time::Duration::from_secs(5))
-        .map_err(|e| sql_setup(path, "cannot set busy timeout", e))?;
+        .map_err(|e| setup_error(path, "cannot set busy timeout", e))?;
     Ok(conn)
 }
 

@@ -1,5 +1,5 @@
 use idem_core::StoreErrorKind;
-use idem_core::testkit::Guarded;
+use idem_testkit::Guarded;
 
 use super::*;
 
@@ -10,7 +10,7 @@ fn fresh() -> Guarded<SqliteStore> {
     Guarded::new(store, dir)
 }
 
-idem_core::conformance_tests!(async { fresh() });
+idem_testkit::conformance_tests!(async { fresh() });
 
 /// Keeps the writer thread busy: an atomic-mode mutation that waits until
 /// the returned sender fires (or is dropped). Returns once the writer is
@@ -21,7 +21,7 @@ async fn hold_writer(
     std::sync::mpsc::Sender<()>,
     tokio::task::JoinHandle<Result<idem_core::Atomic<(), rusqlite::Error>, StoreError>>,
 ) {
-    use idem_core::testkit::{request, response, t0, unique_id};
+    use idem_testkit::{request, response, t0, unique_id};
     let id = unique_id("hold-the-writer");
     let Claim::Acquired(lease) = store.claim(&request(&id, "{}", t0())).await.unwrap() else {
         panic!("expected Acquired")
@@ -125,8 +125,8 @@ fn a_missing_directory_is_a_clear_error() {
 /// Records and the fence counter survive closing and reopening the file.
 #[test]
 fn records_and_fences_survive_reopening() {
-    use idem_core::testkit::{request, response, t0, unique_id};
-    let rt = idem_core::testkit::runtime();
+    use idem_testkit::{request, response, t0, unique_id};
+    let rt = idem_testkit::runtime();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("reopen.db");
     let id = unique_id("reopen-key-00001");
@@ -162,8 +162,8 @@ fn records_and_fences_survive_reopening() {
 /// would need a hook; instead, every claim is answered and visible.
 #[test]
 fn concurrent_claims_on_many_keys_all_commit() {
-    use idem_core::testkit::{request, t0, unique_id};
-    let rt = idem_core::testkit::runtime();
+    use idem_testkit::{request, t0, unique_id};
+    let rt = idem_testkit::runtime();
     rt.block_on(async {
         let store = fresh();
         let ids: Vec<_> = (0..500)
@@ -185,97 +185,160 @@ fn concurrent_claims_on_many_keys_all_commit() {
     });
 }
 
+/// Atomic mode: the shared suite of idem-testkit, and what only SQLite has
+/// (a mutation runs on the writer thread, where a panic must not kill it).
 mod atomic_mode {
-    use idem_core::testkit::{LEASE, request, response, t0, unique_id};
-    use idem_core::{Atomic, Key, Operation, Scope, Status};
+    use std::ffi::OsString;
+    use std::path::PathBuf;
+
+    use idem_core::Atomic;
+    use idem_testkit::atomic::{AtomicHarness, Call, Outcome, Plan, REFUSAL, REFUSED_RESOURCE_ID};
+    use idem_testkit::{request, response, t0, unique_id};
 
     use super::*;
 
-    fn transfer_table(path: &Path) {
-        Connection::open(path)
-            .unwrap()
-            .execute_batch(
-                "CREATE TABLE IF NOT EXISTS transfers (id INTEGER PRIMARY KEY, idem_key TEXT NOT NULL, amount INTEGER NOT NULL)",
-            )
-            .unwrap();
+    idem_testkit::atomic_conformance_tests!(SqliteHarness);
+
+    /// The crash child's store file.
+    const PATH_VAR: &str = "IDEM_CRASH_PATH";
+
+    /// A store file with a `transfers` table, in a temporary directory
+    /// removed on drop (a crash child's harness owns no directory).
+    struct SqliteHarness {
+        path: PathBuf,
+        _dir: Option<tempfile::TempDir>,
     }
 
-    fn rows(path: &Path, key: &str) -> i64 {
-        Connection::open(path)
-            .unwrap()
-            .query_row(
-                "SELECT count(*) FROM transfers WHERE idem_key = ?1",
-                [key],
-                |r| r.get(0),
-            )
-            .unwrap()
+    impl SqliteHarness {
+        fn db(&self) -> Connection {
+            Connection::open(&self.path).unwrap()
+        }
     }
 
-    async fn transfer(
-        store: &SqliteStore,
-        id: &RecordId,
-        fence: Fence,
-    ) -> Atomic<i64, rusqlite::Error> {
-        let key = id.key.as_str().to_owned();
-        store
-            .complete_atomically(id, fence, move |conn| {
-                conn.execute(
-                    "INSERT INTO transfers (idem_key, amount) VALUES (?1, 100)",
-                    [&key],
-                )?;
-                let tid = conn.last_insert_rowid();
-                let c = Completion::completed(response(201, &format!("transfer {tid}")))
-                    .with_resource_id(tid.to_string());
-                Ok((tid, c))
-            })
-            .await
-            .unwrap()
-    }
+    impl AtomicHarness for SqliteHarness {
+        type Store = SqliteStore;
 
-    #[test]
-    fn commits_both_or_neither() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("atomic.db");
-        let store = SqliteStore::open(&path).unwrap();
-        transfer_table(&path);
-        idem_core::testkit::runtime().block_on(async {
-            let id = unique_id("sqlite-atomic-01");
-            let Claim::Acquired(lease) = store.claim(&request(&id, "{}", t0())).await.unwrap()
-            else {
-                panic!()
+        async fn prepare() -> Option<Self> {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("atomic.db");
+            drop(SqliteStore::open(&path).unwrap());
+            let h = SqliteHarness {
+                path,
+                _dir: Some(dir),
             };
-            let Atomic::Committed(tid) = transfer(&store, &id, lease.fence).await else {
-                panic!("expected commit")
-            };
-            let rec = store.get(&id, t0()).await.unwrap().unwrap();
-            assert_eq!(rec.status, Status::Completed);
-            assert_eq!(rec.resource_id, Some(tid.to_string()));
-            assert_eq!(rows(&path, id.key.as_str()), 1);
+            h.db()
+                .execute_batch(
+                    "CREATE TABLE transfers (id INTEGER PRIMARY KEY, idem_key TEXT NOT NULL, amount INTEGER NOT NULL)",
+                )
+                .unwrap();
+            Some(h)
+        }
 
-            // A failing mutation: rolled back, the record stays ours.
-            let id = unique_id("sqlite-atomic-02");
-            let Claim::Acquired(lease) = store.claim(&request(&id, "{}", t0())).await.unwrap()
-            else {
-                panic!()
-            };
+        fn crash_env(&self) -> Vec<(&'static str, OsString)> {
+            vec![(PATH_VAR, self.path.clone().into_os_string())]
+        }
+
+        async fn from_crash_env() -> Self {
+            let path = std::env::var_os(PATH_VAR)
+                .unwrap_or_else(|| panic!("the crash child needs {PATH_VAR}"));
+            SqliteHarness {
+                path: path.into(),
+                _dir: None,
+            }
+        }
+
+        async fn connect(&self) -> SqliteStore {
+            SqliteStore::open(&self.path).unwrap()
+        }
+
+        async fn complete_atomically(
+            &self,
+            store: &SqliteStore,
+            id: &RecordId,
+            fence: Fence,
+            plan: Plan,
+        ) -> Outcome {
             let key = id.key.as_str().to_owned();
             let out = store
-                .complete_atomically(&id, lease.fence, move |conn| {
+                .complete_atomically(id, fence, move |conn| {
                     conn.execute(
-                        "INSERT INTO transfers (idem_key, amount) VALUES (?1, 1)",
+                        "INSERT INTO transfers (idem_key, amount) VALUES (?1, 100)",
                         [&key],
                     )?;
-                    conn.execute("INSERT INTO no_such_table VALUES (1)", [])?;
-                    Ok::<_, rusqlite::Error>(((), Completion::completed(response(200, "never"))))
+                    let row = conn.last_insert_rowid().to_string();
+                    let mut resource_id = row.clone();
+                    match plan {
+                        Plan::Transfer => {}
+                        Plan::FailAfterInsert => {
+                            conn.execute("INSERT INTO no_such_table VALUES (1)", [])?;
+                        }
+                        Plan::RefusedCompletion => resource_id = REFUSED_RESOURCE_ID.to_owned(),
+                        Plan::HangBeforeCommit => {
+                            idem_testkit::crash::say_ready();
+                            loop {
+                                std::thread::park();
+                            }
+                        }
+                    }
+                    let c = Completion::completed(response(201, &format!("transfer {row}")))
+                        .with_resource_id(resource_id);
+                    Ok::<_, rusqlite::Error>((row, c))
                 })
-                .await
-                .unwrap();
-            assert!(matches!(out, Atomic::Failed(_)));
-            assert_eq!(rows(&path, id.key.as_str()), 0);
-            let rec = store.get(&id, t0()).await.unwrap().unwrap();
-            assert_eq!((rec.status, rec.fence), (Status::InProgress, lease.fence));
+                .await?;
+            Ok(out.map_failed(|e| e.to_string()))
+        }
 
-            // A panicking mutation: rolled back, and the writer lives on.
+        async fn rows(&self, key: &str) -> i64 {
+            self.db()
+                .query_row(
+                    "SELECT count(*) FROM transfers WHERE idem_key = ?1",
+                    [key],
+                    |r| r.get(0),
+                )
+                .unwrap()
+        }
+
+        async fn refuse_completions(&self) {
+            self.db()
+                .execute_batch(&format!(
+                    "CREATE TRIGGER refuse_completion BEFORE UPDATE ON idem_records \
+                     WHEN NEW.resource_id = '{REFUSED_RESOURCE_ID}' \
+                     BEGIN SELECT RAISE(ABORT, '{REFUSAL}'); END;"
+                ))
+                .unwrap();
+        }
+
+        /// Holds the writer while the calls queue up, so that they share
+        /// one group-commit batch.
+        async fn run_together<'a>(&'a self, store: &'a SqliteStore, mut calls: Vec<Call<'a>>) {
+            let (go, held) = hold_writer(store).await;
+            for call in &mut calls {
+                queue(call).await;
+            }
+            go.send(()).unwrap();
+            assert!(matches!(
+                held.await.unwrap().unwrap(),
+                Atomic::Committed(())
+            ));
+            for call in calls {
+                call.await;
+            }
+        }
+    }
+
+    /// A panicking mutation is rolled back like a failing one, the caller
+    /// gets an error, and the writer thread lives on: the record is still
+    /// the caller's, and its next atomic call commits.
+    #[test]
+    fn a_panicking_mutation_rolls_back_and_the_writer_lives_on() {
+        idem_testkit::runtime().block_on(async {
+            let h = SqliteHarness::prepare().await.unwrap();
+            let store = h.connect().await;
+            let id = unique_id("sqlite-atomic-panic");
+            let Claim::Acquired(lease) = store.claim(&request(&id, "{}", t0())).await.unwrap()
+            else {
+                panic!()
+            };
             let key = id.key.as_str().to_owned();
             let out = store
                 .complete_atomically(
@@ -291,207 +354,15 @@ mod atomic_mode {
                 )
                 .await;
             assert!(out.is_err());
-            assert_eq!(rows(&path, id.key.as_str()), 0);
+            assert_eq!(h.rows(id.key.as_str()).await, 0);
 
-            // A stale fence: the mutation never runs.
-            let Claim::Acquired(_) = store
-                .claim(&request(&id, "{}", t0() + LEASE))
-                .await
-                .unwrap()
-            else {
-                panic!()
-            };
-            assert!(matches!(
-                transfer(&store, &id, lease.fence).await,
-                Atomic::StaleFence
-            ));
-            assert_eq!(rows(&path, id.key.as_str()), 0);
-        });
-    }
-
-    /// The completion fails after the mutation ran (a trigger refuses the
-    /// completion's UPDATE): the caller gets an error, the mutation is
-    /// rolled back with it, and the other calls of the same batch commit.
-    #[test]
-    fn a_failing_completion_rolls_back_the_mutation() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("atomic-fail.db");
-        let store = SqliteStore::open(&path).unwrap();
-        transfer_table(&path);
-        Connection::open(&path)
-            .unwrap()
-            .execute_batch(
-                "CREATE TRIGGER refuse_boom BEFORE UPDATE ON idem_records \
-                 WHEN NEW.resource_id = 'boom' BEGIN SELECT RAISE(ABORT, 'completion refused'); END;",
-            )
-            .unwrap();
-        idem_core::testkit::runtime().block_on(async {
-            let mut leases = Vec::new();
-            let ids: Vec<_> = ["fail-bad-000001", "fail-good-00001", "fail-plain-0001"]
-                .iter()
-                .map(|k| unique_id(k))
-                .collect();
-            for id in &ids {
-                let Claim::Acquired(lease) = store.claim(&request(id, "{}", t0())).await.unwrap()
-                else {
-                    panic!()
-                };
-                leases.push(lease.fence);
-            }
-            let (bad, good, plain) = (&ids[0], &ids[1], &ids[2]);
-
-            // Hold the writer so that the three calls below share a batch.
-            let (go, held) = hold_writer(&store).await;
-            let key = bad.key.as_str().to_owned();
-            let mut failing = Box::pin(store.complete_atomically(bad, leases[0], move |conn| {
-                conn.execute(
-                    "INSERT INTO transfers (idem_key, amount) VALUES (?1, 1)",
-                    [&key],
-                )?;
-                let c = Completion::completed(response(201, "refused")).with_resource_id("boom");
-                Ok::<_, rusqlite::Error>(((), c))
-            }));
-            let key = good.key.as_str().to_owned();
-            let mut committing =
-                Box::pin(store.complete_atomically(good, leases[1], move |conn| {
-                    conn.execute(
-                        "INSERT INTO transfers (idem_key, amount) VALUES (?1, 2)",
-                        [&key],
-                    )?;
-                    Ok::<_, rusqlite::Error>(((), Completion::completed(response(201, "ok"))))
-                }));
-            let mut completing = store.complete(
-                plain,
-                leases[2],
-                Completion::completed(response(200, "plain")),
-                t0(),
-            );
-            queue(&mut failing).await;
-            queue(&mut committing).await;
-            queue(&mut completing).await;
-            go.send(()).unwrap();
-            assert!(matches!(
-                held.await.unwrap().unwrap(),
-                Atomic::Committed(())
-            ));
-
-            let err = failing.await.unwrap_err();
-            assert!(format!("{err:?}").contains("completion refused"), "{err:?}");
-            assert!(matches!(committing.await.unwrap(), Atomic::Committed(())));
-            assert_eq!(completing.await.unwrap(), Settled::Applied);
-
-            assert_eq!(
-                rows(&path, bad.key.as_str()),
-                0,
-                "the mutation was rolled back"
-            );
-            let rec = store.get(bad, t0()).await.unwrap().unwrap();
-            assert_eq!((rec.status, rec.fence), (Status::InProgress, leases[0]));
-            assert_eq!(rows(&path, good.key.as_str()), 1);
-            for id in [good, plain] {
-                let rec = store.get(id, t0()).await.unwrap().unwrap();
-                assert_eq!(rec.status, Status::Completed);
-            }
-        });
-    }
-
-    fn crash_id(key: &str) -> RecordId {
-        RecordId::new(
-            Scope::from_raw("crash-test"),
-            Operation::new("POST", "/transfers"),
-            Key::new(key).unwrap(),
-        )
-    }
-
-    /// The child half of the crash tests.
-    #[test]
-    #[ignore = "child process of the crash tests; run by them"]
-    fn crash_child() {
-        let (Ok(path), Ok(key), Ok(mode)) = (
-            std::env::var("IDEM_CRASH_PATH"),
-            std::env::var("IDEM_CRASH_KEY"),
-            std::env::var("IDEM_CRASH_MODE"),
-        ) else {
-            panic!("crash_child needs IDEM_CRASH_* variables");
-        };
-        idem_core::testkit::runtime().block_on(async {
-            let store = SqliteStore::open(&path).unwrap();
-            let id = crash_id(&key);
-            let Claim::Acquired(lease) = store.claim(&request(&id, "{}", t0())).await.unwrap()
-            else {
-                panic!("child could not claim")
-            };
-            let before_commit = mode == "before-commit";
-            let key2 = key.clone();
-            let out = store
-                .complete_atomically(&id, lease.fence, move |conn| {
-                    conn.execute(
-                        "INSERT INTO transfers (idem_key, amount) VALUES (?1, 100)",
-                        [&key2],
-                    )?;
-                    if before_commit {
-                        println!("{}", idem_core::testkit::crash::READY);
-                        loop {
-                            std::thread::park();
-                        }
-                    }
-                    Ok::<_, rusqlite::Error>(((), Completion::completed(response(201, "child"))))
-                })
+            let out = h
+                .complete_atomically(&store, &id, lease.fence, Plan::Transfer)
                 .await
                 .unwrap();
-            assert!(matches!(out, Atomic::Committed(())));
-            println!("{}", idem_core::testkit::crash::READY);
-            std::future::pending::<()>().await;
+            assert!(matches!(out, Atomic::Committed(_)), "{out:?}");
+            assert_eq!(h.rows(id.key.as_str()).await, 1);
         });
-    }
-
-    fn crash_test(mode: &str) {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("crash.db");
-        drop(SqliteStore::open(&path).unwrap());
-        transfer_table(&path);
-        let key = format!("crash-{mode}-0001");
-        idem_core::testkit::crash::run_until_ready_then_kill(
-            "tests::atomic_mode::crash_child",
-            &[
-                ("IDEM_CRASH_PATH", path.as_os_str()),
-                ("IDEM_CRASH_KEY", key.as_ref()),
-                ("IDEM_CRASH_MODE", mode.as_ref()),
-            ],
-        );
-
-        let store = SqliteStore::open(&path).unwrap();
-        idem_core::testkit::runtime().block_on(async {
-            let id = crash_id(&key);
-            let retry = request(&id, "{}", t0() + LEASE);
-            match (mode, store.claim(&retry).await.unwrap()) {
-                ("before-commit", Claim::Acquired(lease)) => {
-                    assert!(lease.takeover);
-                    assert_eq!(rows(&path, &key), 0, "the killed transaction left nothing");
-                    assert!(matches!(
-                        transfer(&store, &id, lease.fence).await,
-                        Atomic::Committed(_)
-                    ));
-                }
-                ("after-commit", Claim::Replay(rec)) => assert_eq!(rec.status, Status::Completed),
-                (mode, other) => panic!("{mode}: unexpected claim after the crash: {other:?}"),
-            }
-            assert_eq!(rows(&path, &key), 1, "exactly one transfer");
-            assert!(matches!(
-                store.claim(&retry).await.unwrap(),
-                Claim::Replay(_)
-            ));
-        });
-    }
-
-    #[test]
-    fn crash_before_commit_executes_once_on_retry() {
-        crash_test("before-commit");
-    }
-
-    #[test]
-    fn crash_after_commit_replays_on_retry() {
-        crash_test("after-commit");
     }
 }
 
@@ -528,11 +399,11 @@ fn a_version_1_store_is_migrated_on_open() {
 /// key afterwards.
 #[test]
 fn a_version_2_store_is_migrated_on_open() {
-    use idem_core::testkit::{request, t0, unique_id};
+    use idem_testkit::{request, t0, unique_id};
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("v2.db");
     let id = unique_id("migrate-v2-key-1");
-    let rt = idem_core::testkit::runtime();
+    let rt = idem_testkit::runtime();
     {
         let store = SqliteStore::open(&path).unwrap();
         let claim = rt.block_on(store.claim(&request(&id, "{}", t0()))).unwrap();
@@ -582,7 +453,7 @@ fn a_version_2_store_is_migrated_on_open() {
 mod backpressure {
     use std::time::{Duration, Instant};
 
-    use idem_core::testkit::{request, t0, unique_id};
+    use idem_testkit::{request, t0, unique_id};
 
     use super::*;
 
@@ -602,7 +473,7 @@ mod backpressure {
         let dir = tempfile::tempdir().unwrap();
         let timeout = Duration::from_millis(200);
         let store = open(&dir, 10_000, timeout);
-        idem_core::testkit::runtime().block_on(async {
+        idem_testkit::runtime().block_on(async {
             let (go, held) = hold_writer(&store).await;
             let id = unique_id("past-the-deadline");
             let started = Instant::now();
@@ -634,7 +505,7 @@ mod backpressure {
     fn calls_beyond_the_queue_capacity_fail_at_once() {
         let dir = tempfile::tempdir().unwrap();
         let store = open(&dir, 2, Duration::from_secs(600));
-        idem_core::testkit::runtime().block_on(async {
+        idem_testkit::runtime().block_on(async {
             let (go, held) = hold_writer(&store).await;
             let ids: Vec<_> = (0..3)
                 .map(|i| unique_id(&format!("queue-full-{i:04}")))

@@ -22,7 +22,8 @@ use idem_core::{
 use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::oneshot;
 
-use crate::row::{COLUMNS, fence_to_sql, record_from_row, store_error};
+use crate::error::sqlite_error;
+use crate::row::{COLUMNS, record_from_row};
 
 /// Work for the writer thread, each with the channel its answer goes to.
 pub(crate) enum Job {
@@ -110,7 +111,7 @@ impl Writer {
                 [],
                 |r| r.get(0),
             )
-            .map_err(|e| store_error("reading the fence counter", e))?;
+            .map_err(|e| sqlite_error("reading the fence counter", e))?;
         Ok(Writer {
             conn,
             fence,
@@ -143,7 +144,7 @@ impl Writer {
     fn run_batch(&mut self, jobs: &mut Vec<Job>) {
         let mut replies = Vec::with_capacity(jobs.len());
         let outcome = match self.conn.execute_batch("BEGIN IMMEDIATE") {
-            Err(e) => Err(store_error("beginning a transaction", e)),
+            Err(e) => Err(sqlite_error("beginning a transaction", e)),
             Ok(()) => {
                 let mut aborted = None;
                 for job in jobs.drain(..) {
@@ -182,11 +183,11 @@ impl Writer {
             self.conn
                 .prepare_cached("UPDATE idem_meta SET value = ?1 WHERE name = 'fence'")
                 .and_then(|mut s| s.execute([self.fence]))
-                .map_err(|e| store_error("saving the fence counter", e))?;
+                .map_err(|e| sqlite_error("saving the fence counter", e))?;
         }
         self.conn
             .execute_batch("COMMIT")
-            .map_err(|e| store_error("committing", e))?;
+            .map_err(|e| sqlite_error("committing", e))?;
         self.stored_fence = self.fence;
         Ok(())
     }
@@ -207,25 +208,25 @@ impl Writer {
     fn run_job(&mut self, job: Job) -> Reply {
         match job {
             Job::Claim(req, tx) => {
-                let r = self.claim(&req).map_err(|e| store_error("claiming", e));
+                let r = self.claim(&req).map_err(|e| sqlite_error("claiming", e));
                 Reply::Claim(tx, r)
             }
             Job::Complete(id, fence, completion, tx) => {
                 let r = self
                     .complete(&id, fence, completion)
-                    .map_err(|e| store_error("completing", e));
+                    .map_err(|e| sqlite_error("completing", e));
                 Reply::Settled(tx, r)
             }
             Job::Release(id, fence, tx) => {
                 let r = self
                     .release(&id, fence)
-                    .map_err(|e| store_error("releasing", e));
+                    .map_err(|e| sqlite_error("releasing", e));
                 Reply::Settled(tx, r)
             }
             Job::Purge(now, limit, tx) => {
                 let r = self
                     .purge(now, limit)
-                    .map_err(|e| store_error("purging", e));
+                    .map_err(|e| sqlite_error("purging", e));
                 Reply::Count(tx, r)
             }
             Job::Atomic(job) => Reply::Atomic(job.run(&self.conn)),
@@ -313,7 +314,7 @@ impl Writer {
     }
 
     fn release(&mut self, id: &RecordId, fence: Fence) -> rusqlite::Result<Settled> {
-        let Some(fence) = fence_to_sql(fence) else {
+        let Some(fence) = fence.to_i64() else {
             return Ok(Settled::StaleFence);
         };
         let n = self
@@ -328,7 +329,7 @@ impl Writer {
                 id.key.as_str(),
                 fence
             ])?;
-        Ok(settled(n))
+        Ok(Settled::from_changed(n as u64))
     }
 
     fn purge(&mut self, now: Timestamp, limit: usize) -> rusqlite::Result<usize> {
@@ -350,7 +351,7 @@ pub(crate) fn complete_in(
     fence: Fence,
     c: &Completion,
 ) -> rusqlite::Result<Settled> {
-    let Some(fence) = fence_to_sql(fence) else {
+    let Some(fence) = fence.to_i64() else {
         return Ok(Settled::StaleFence);
     };
     let n = conn
@@ -370,13 +371,5 @@ pub(crate) fn complete_in(
             c.response.encode_headers(),
             &c.response.body,
         ])?;
-    Ok(settled(n))
-}
-
-fn settled(changed: usize) -> Settled {
-    if changed == 1 {
-        Settled::Applied
-    } else {
-        Settled::StaleFence
-    }
+    Ok(Settled::from_changed(n as u64))
 }

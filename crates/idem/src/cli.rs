@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::stores::StoreUrl;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "idem",
@@ -172,7 +174,7 @@ pub(crate) struct DemoArgs {
     pub(crate) intents: usize,
     /// Store for the ledger: sqlite:PATH or postgres://... [default: SQLite in a temporary directory].
     #[arg(long)]
-    pub(crate) store: Option<String>,
+    pub(crate) store: Option<StoreUrl>,
     /// Share of first attempts whose answer is lost after the commit.
     #[arg(long, default_value_t = 0.2)]
     pub(crate) drop_rate: f64,
@@ -201,7 +203,7 @@ pub(crate) enum RecordsCommand {
         key: String,
         /// The store URL.
         #[arg(long, env = "IDEM_STORE")]
-        store: String,
+        store: StoreUrl,
         /// The tenant (as --tenant-header would give it). Give it twice,
         /// tenant then principal, for a gateway that has both
         /// --tenant-header and --scope-header.
@@ -226,7 +228,7 @@ pub(crate) enum RecordsCommand {
     Stale {
         /// The store URL.
         #[arg(long, env = "IDEM_STORE")]
-        store: String,
+        store: StoreUrl,
         /// At most this many.
         #[arg(long, default_value_t = 100)]
         limit: usize,
@@ -235,7 +237,7 @@ pub(crate) enum RecordsCommand {
     Purge {
         /// The store URL.
         #[arg(long, env = "IDEM_STORE")]
-        store: String,
+        store: StoreUrl,
         /// Delete records that expired at least this long ago, e.g. 1h [default: 0s].
         #[arg(long)]
         older_than: Option<String>,

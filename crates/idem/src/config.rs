@@ -13,6 +13,7 @@ use idem_http::{KeyRequirement, RouteRule};
 use serde::Deserialize;
 
 use crate::cli::ServeArgs;
+use crate::stores::StoreUrl;
 use crate::units::{duration, size};
 
 /// The TOML file, as written.
@@ -84,7 +85,7 @@ pub(crate) struct GatewayConfig {
     pub(crate) upstream: http::Uri,
     pub(crate) listen: String,
     pub(crate) admin_listen: String,
-    pub(crate) store: String,
+    pub(crate) store: StoreUrl,
     pub(crate) default_policy: Policy,
     pub(crate) routes: Vec<RouteRule>,
     pub(crate) max_body: usize,
@@ -314,12 +315,18 @@ impl GatewayConfig {
             routes.push(rule);
         }
 
+        let store: StoreUrl = pick(&args.store, &file.store)
+            .as_deref()
+            .unwrap_or("sqlite:idem.db")
+            .parse()
+            .context("--store")?;
+
         Ok(GatewayConfig {
             upstream,
             listen: pick(&args.listen, &file.listen).unwrap_or_else(|| "127.0.0.1:8080".into()),
             admin_listen: pick(&args.admin_listen, &file.admin_listen)
                 .unwrap_or_else(|| "127.0.0.1:9090".into()),
-            store: pick(&args.store, &file.store).unwrap_or_else(|| "sqlite:idem.db".into()),
+            store,
             default_policy,
             routes,
             max_body,

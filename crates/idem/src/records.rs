@@ -6,7 +6,6 @@ use idem_http::PathPattern;
 
 use crate::cli::RecordsCommand;
 use crate::config::route_operations;
-use crate::stores;
 use crate::units::duration;
 
 pub(crate) async fn run(cmd: RecordsCommand) -> anyhow::Result<()> {
@@ -33,7 +32,7 @@ pub(crate) async fn run(cmd: RecordsCommand) -> anyhow::Result<()> {
                 (None, Some(c)) => route_operations(&c)?,
                 (None, None) => Vec::new(),
             };
-            let store = stores::open(&store).await?;
+            let store = store.open().await?;
             if operations.is_empty() {
                 // The key and the scope are enough: the newest record.
                 let found = store
@@ -66,7 +65,7 @@ pub(crate) async fn run(cmd: RecordsCommand) -> anyhow::Result<()> {
             bail!("no live record for that key, scope and operation")
         }
         RecordsCommand::Stale { store, limit } => {
-            let store = stores::open(&store).await?;
+            let store = store.open().await?;
             let now = Timestamp::now();
             let mut cursor: Option<StaleCursor> = None;
             let mut shown = 0;
@@ -103,7 +102,7 @@ pub(crate) async fn run(cmd: RecordsCommand) -> anyhow::Result<()> {
                 .transpose()
                 .context("--older-than")?
                 .unwrap_or_default();
-            let store = stores::open(&store).await?;
+            let store = store.open().await?;
             let cutoff = Timestamp::now() - age;
             let total = idem_http::maintenance::purge_expired(
                 &*store,

@@ -1,41 +1,117 @@
-//! Opening a store from its URL: `memory:`, `sqlite:PATH`,
-//! `postgres://...`, `redis://...`.
+//! Store URLs: parsed once, where a setting enters (`--store`, `IDEM_STORE`,
+//! the config file), into a [`StoreUrl`] that every command opens the same
+//! way. `memory:`, `sqlite:PATH` (or `sqlite://PATH`), `postgres://...` and
+//! `redis://...`; PostgreSQL and Redis only when the binary was built with
+//! their features (both are on by default).
 
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
 use std::sync::Arc;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use idem_core::{MemoryStore, Store};
 
-pub(crate) async fn open(url: &str) -> anyhow::Result<Arc<dyn Store>> {
-    if url == "memory:" || url == "memory" {
-        return Ok(Arc::new(MemoryStore::new()));
-    }
-    if let Some(path) = url.strip_prefix("sqlite:") {
-        let path = path.strip_prefix("//").unwrap_or(path);
-        if path.is_empty() {
-            bail!("sqlite: needs a path, as in sqlite:idem.db");
+/// Where records are kept, as the operator named it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum StoreUrl {
+    /// In this process only; gone on exit.
+    Memory,
+    /// An SQLite file.
+    Sqlite(PathBuf),
+    /// A PostgreSQL connection URL (may hold a password).
+    #[cfg(feature = "postgres")]
+    Postgres(String),
+    /// A Redis URL (may hold a password).
+    #[cfg(feature = "redis")]
+    Redis(String),
+}
+
+/// Why a store URL was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub(crate) enum StoreUrlError {
+    #[error("sqlite: needs a path, as in sqlite:idem.db")]
+    SqliteWithoutPath,
+    #[cfg(not(all(feature = "postgres", feature = "redis")))]
+    #[error(
+        "{0} stores are not in this build of idem: build it with `--features {0}` (on by default)"
+    )]
+    NotBuiltIn(&'static str),
+    #[error("unknown store {0:?}: use memory:, sqlite:PATH, postgres://... or redis://...")]
+    Unknown(String),
+}
+
+impl FromStr for StoreUrl {
+    type Err = StoreUrlError;
+
+    fn from_str(url: &str) -> Result<StoreUrl, StoreUrlError> {
+        if url == "memory:" || url == "memory" {
+            return Ok(StoreUrl::Memory);
         }
-        let store = idem_sqlite::SqliteStore::open(path)
-            .with_context(|| format!("cannot open store {url}"))?;
-        return Ok(Arc::new(store));
+        if let Some(path) = url.strip_prefix("sqlite:") {
+            let path = path.strip_prefix("//").unwrap_or(path);
+            if path.is_empty() {
+                return Err(StoreUrlError::SqliteWithoutPath);
+            }
+            return Ok(StoreUrl::Sqlite(PathBuf::from(path)));
+        }
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            #[cfg(feature = "postgres")]
+            return Ok(StoreUrl::Postgres(url.to_owned()));
+            #[cfg(not(feature = "postgres"))]
+            return Err(StoreUrlError::NotBuiltIn("postgres"));
+        }
+        if url.starts_with("redis://") {
+            #[cfg(feature = "redis")]
+            return Ok(StoreUrl::Redis(url.to_owned()));
+            #[cfg(not(feature = "redis"))]
+            return Err(StoreUrlError::NotBuiltIn("redis"));
+        }
+        Err(StoreUrlError::Unknown(redact(url)))
     }
-    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        let store = idem_postgres::PostgresStore::connect(url)
-            .await
-            .with_context(|| format!("cannot reach store {}", redact(url)))?;
-        return Ok(Arc::new(store));
+}
+
+/// Shows the URL without its password.
+impl fmt::Display for StoreUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreUrl::Memory => f.write_str("memory:"),
+            StoreUrl::Sqlite(path) => write!(f, "sqlite:{}", path.display()),
+            #[cfg(feature = "postgres")]
+            StoreUrl::Postgres(url) => f.write_str(&redact(url)),
+            #[cfg(feature = "redis")]
+            StoreUrl::Redis(url) => f.write_str(&redact(url)),
+        }
     }
-    if url.starts_with("redis://") {
-        let store = idem_redis::RedisStore::connect(url)
-            .await
-            .with_context(|| format!("cannot reach store {}", redact(url)))?;
-        return Ok(Arc::new(store));
+}
+
+impl StoreUrl {
+    /// Opens (or connects to) the store, creating or migrating its schema.
+    pub(crate) async fn open(&self) -> anyhow::Result<Arc<dyn Store>> {
+        Ok(match self {
+            StoreUrl::Memory => Arc::new(MemoryStore::new()),
+            StoreUrl::Sqlite(path) => Arc::new(
+                idem_sqlite::SqliteStore::open(path)
+                    .with_context(|| format!("cannot open store {self}"))?,
+            ),
+            #[cfg(feature = "postgres")]
+            StoreUrl::Postgres(url) => Arc::new(
+                idem_postgres::PostgresStore::connect(url)
+                    .await
+                    .with_context(|| format!("cannot reach store {self}"))?,
+            ),
+            #[cfg(feature = "redis")]
+            StoreUrl::Redis(url) => Arc::new(
+                idem_redis::RedisStore::connect(url)
+                    .await
+                    .with_context(|| format!("cannot reach store {self}"))?,
+            ),
+        })
     }
-    bail!("unknown store {url:?}: use memory:, sqlite:PATH, postgres://... or redis://...")
 }
 
 /// A URL without its password, for messages.
-pub(crate) fn redact(url: &str) -> String {
+fn redact(url: &str) -> String {
     match (url.find("://"), url.find('@')) {
         (Some(s), Some(at)) if at > s => {
             let creds = &url[s + 3..at];
@@ -50,12 +126,34 @@ pub(crate) fn redact(url: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn passwords_are_redacted() {
+        assert_eq!(redact("postgres://u:secret@h/db"), "postgres://u:***@h/db");
+        assert_eq!(redact("redis://h:6379"), "redis://h:6379");
+        let url: StoreUrl = "postgres://u:secret@h/db".parse().unwrap();
+        assert_eq!(url.to_string(), "postgres://u:***@h/db");
+        let unknown = "mysql://u:secret@h/db".parse::<StoreUrl>().unwrap_err();
+        assert!(!unknown.to_string().contains("secret"), "{unknown}");
+    }
+
+    #[test]
+    fn sqlite_urls_read_alike_everywhere() {
+        for url in ["sqlite:dir/idem.db", "sqlite://dir/idem.db"] {
+            assert_eq!(
+                url.parse::<StoreUrl>(),
+                Ok(StoreUrl::Sqlite(PathBuf::from("dir/idem.db")))
+            );
+        }
         assert_eq!(
-            super::redact("postgres://u:secret@h/db"),
-            "postgres://u:***@h/db"
+            "sqlite:".parse::<StoreUrl>(),
+            Err(StoreUrlError::SqliteWithoutPath)
         );
-        assert_eq!(super::redact("redis://h:6379"), "redis://h:6379");
+        assert_eq!("memory:".parse::<StoreUrl>(), Ok(StoreUrl::Memory));
+        assert!(matches!(
+            "file:idem.db".parse::<StoreUrl>(),
+            Err(StoreUrlError::Unknown(_))
+        ));
     }
 }

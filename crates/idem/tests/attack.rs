@@ -1,6 +1,6 @@
 //! Security review of the gateway: attacks by a hostile client (and a
 //! hostile upstream) against a real `idem serve` process. Each test is
-//! either a demonstrated break of DESIGN.md sections 2, 3 or 6b (it fails
+//! either a demonstrated break of docs/contract.md, *Records and their state machine* / *The HTTP contract* / *What the gateway trusts* (it fails
 //! until the gap is fixed) or a guard on a property the attack did not
 //! break.
 #![allow(clippy::unwrap_used)] // a test crate: a panic is a failed assertion
@@ -147,7 +147,7 @@ fn status_of(answer: &str) -> u16 {
 
 /// Was BROKEN before Connection could no longer name protected headers. A client lists end-to-end headers in `Connection`, and the
 /// gateway strips them before forwarding: the upstream never receives the
-/// `Idempotency-Key` (DESIGN.md section 2: the gateway forwards it so the
+/// `Idempotency-Key` (docs/contract.md, *Records and their state machine*: the gateway forwards it so the
 /// upstream can deduplicate a retry after a held lease) nor the tenant
 /// header the gateway scoped the record by (section 6b: nothing a client
 /// sends may change what the upstream receives beyond what is bound).

@@ -57,7 +57,7 @@ async fn two_gateways_one_execution(store: &str, tag: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_gateways_on_postgres_execute_once() {
-    let Some(url) = idem_core::testkit::backend_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL") else {
+    let Some(url) = idem_testkit::backend_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL") else {
         return;
     };
     two_gateways_one_execution(&url, "pg").await;
@@ -65,7 +65,7 @@ async fn two_gateways_on_postgres_execute_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_gateways_on_redis_execute_once() {
-    let Some(url) = idem_core::testkit::backend_url("IDEM_TEST_REDIS_URL", "Redis") else {
+    let Some(url) = idem_testkit::backend_url("IDEM_TEST_REDIS_URL", "Redis") else {
         return;
     };
     two_gateways_one_execution(&url, "redis").await;
@@ -73,7 +73,7 @@ async fn two_gateways_on_redis_execute_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_goes_unready_when_the_store_stops() {
-    use idem_redis::testkit::{PrivateRedis, free_port};
+    use idem_testkit::private_redis::{PrivateRedis, free_port};
     let Some(redis) = PrivateRedis::start(free_port()) else {
         return;
     };

@@ -10,12 +10,12 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use idem_core::testkit::{CleanupOnDrop, Guarded};
 use idem_core::{
     BoxFuture, Claim, ClaimRequest, Completion, Fence, MemoryStore, Record, RecordId, Settled,
     Store, StoreError, StoreErrorKind, Timestamp,
 };
 use idem_http::{IdempotencyLayer, IdempotencyLayerBuilder, LayerHandle};
+use idem_testkit::{CleanupOnDrop, Guarded};
 use tokio::sync::{Notify, Semaphore};
 
 /// What the test service counts and how tests steer it.
@@ -224,7 +224,7 @@ pub async fn sqlite() -> Option<Arc<dyn Store>> {
 }
 
 pub async fn postgres() -> Option<Arc<dyn Store>> {
-    let url = idem_core::testkit::backend_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL")?;
+    let url = idem_testkit::backend_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL")?;
     static N: AtomicUsize = AtomicUsize::new(0);
     let schema = format!(
         "idem_http_{}_{}",
@@ -247,7 +247,7 @@ pub async fn postgres() -> Option<Arc<dyn Store>> {
 }
 
 pub async fn redis() -> Option<Arc<dyn Store>> {
-    let url = idem_core::testkit::backend_url("IDEM_TEST_REDIS_URL", "Redis")?;
+    let url = idem_testkit::backend_url("IDEM_TEST_REDIS_URL", "Redis")?;
     static N: AtomicUsize = AtomicUsize::new(0);
     let prefix = format!(
         "idem-http-{}-{}",

@@ -71,7 +71,7 @@ pub(crate) async fn serve(
                     let (app, stats) = (app.clone(), stats.clone());
                     let key = req
                         .headers()
-                        .get("idempotency-key")
+                        .get(idem_http::IDEMPOTENCY_KEY)
                         .and_then(|v| v.to_str().ok())
                         .unwrap_or("")
                         .to_owned();
@@ -120,7 +120,7 @@ fn count(stats: &FrontStats, resp: &axum::http::Response<axum::body::Body>) {
     let s = resp.status().as_u16();
     let counter = if resp.headers().contains_key(idem_ledger::EXECUTED) {
         &stats.executed
-    } else if resp.headers().contains_key("idempotent-replayed") {
+    } else if resp.headers().contains_key(idem_http::IDEMPOTENT_REPLAYED) {
         &stats.replayed
     } else if s == 409 {
         &stats.conflicts

@@ -17,10 +17,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::stores::StoreUrl;
 use anyhow::{Context, bail};
 use idem_core::Store;
 use idem_http::IdempotencyLayer;
-use idem_ledger::{Ledger, PostgresLedger, SqliteLedger, router, transfer_rule};
+#[cfg(feature = "postgres")]
+use idem_ledger::PostgresLedger;
+use idem_ledger::{Ledger, SqliteLedger, router, transfer_rule};
 use idem_retry::{Backoff, CallSpec, Retrier, RetryBudget, RetryError, RetryPolicy, Stop};
 
 use crate::cli::DemoArgs;
@@ -45,7 +48,7 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     if args.clients == 0 || args.intents == 0 {
         bail!("--clients and --intents must be at least 1");
     }
-    match args.store.as_deref() {
+    match &args.store {
         None => {
             let dir = tempfile::tempdir().context("cannot create a temporary directory")?;
             let ledger = SqliteLedger::open(dir.path().join("demo.db"))
@@ -54,20 +57,20 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
             eprintln!("idem demo: ledger on SQLite in {}", dir.path().display());
             drive(Arc::new(ledger), store, &args).await
         }
-        Some(url) if url.starts_with("sqlite:") => {
-            let ledger = SqliteLedger::open(&url["sqlite:".len()..])
-                .context("cannot open the demo ledger")?;
+        Some(StoreUrl::Sqlite(path)) => {
+            let ledger = SqliteLedger::open(path).context("cannot open the demo ledger")?;
             let store = ledger.store().clone();
             drive(Arc::new(ledger), store, &args).await
         }
-        Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+        #[cfg(feature = "postgres")]
+        Some(url @ StoreUrl::Postgres(conn)) => {
             let schema = format!("idem_demo_{}", std::process::id());
-            let store = idem_postgres::PostgresStore::builder(url)
+            let store = idem_postgres::PostgresStore::builder(conn)
                 .schema(schema)
                 .pool_size(16)
                 .connect()
                 .await
-                .with_context(|| format!("cannot reach {}", crate::stores::redact(url)))?;
+                .with_context(|| format!("cannot reach {url}"))?;
             let ledger = PostgresLedger::new(store.clone())
                 .await
                 .context("cannot create the demo ledger")?;
@@ -78,7 +81,9 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
                 .context("cannot drop the demo schema")?;
             code
         }
-        Some(other) => bail!("--store must be sqlite:PATH or postgres://..., not {other:?}"),
+        Some(other) => bail!(
+            "--store for the demo must be sqlite:PATH or postgres://... (the ledger keeps its transfers in SQL), not {other}"
+        ),
     }
 }
 
@@ -240,7 +245,7 @@ async fn send(
     let (result, report) = retrier
         .call_with_report(CallSpec::keyed().with_key(key), |_| {
             http.post(url)
-                .header("idempotency-key", key)
+                .header(idem_http::IDEMPOTENCY_KEY, key)
                 .json(body)
                 .send()
         })

@@ -20,7 +20,6 @@ use tokio::net::TcpListener;
 use tower::Layer;
 
 use crate::config::GatewayConfig;
-use crate::stores;
 
 /// Buckets for every histogram, in seconds (store latency mostly).
 const BUCKETS: [f64; 13] = [
@@ -33,7 +32,7 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
         .context("histogram buckets")?
         .install_recorder()
         .context("cannot install the metrics recorder")?;
-    let store = stores::open(&cfg.store).await?;
+    let store = cfg.store.open().await?;
     let listener = TcpListener::bind(&cfg.listen)
         .await
         .with_context(|| format!("cannot listen on {}", cfg.listen))?;
@@ -108,10 +107,7 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
 
     eprintln!(
         "idem: forwarding {} to {} (admin on {}, store {})",
-        cfg.listen,
-        cfg.upstream,
-        cfg.admin_listen,
-        stores::redact(&cfg.store)
+        cfg.listen, cfg.upstream, cfg.admin_listen, cfg.store
     );
     let grace = cfg.shutdown_grace;
     let server = listener::serve(

@@ -63,7 +63,7 @@ impl Proxy {
             timeout,
             trust_forwarded,
             protected: [
-                HeaderName::from_static("idempotency-key"),
+                idem_http::IDEMPOTENCY_KEY,
                 header::AUTHORIZATION,
                 header::CONTENT_TYPE,
                 header::CONTENT_LENGTH,

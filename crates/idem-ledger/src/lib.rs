@@ -13,8 +13,11 @@
 //! It runs on SQLite by default and on PostgreSQL when given a
 //! `postgres://` URL. `idem demo` drives it under injected faults.
 //!
-//! This crate is an example, not a library to depend on: its schema and
-//! error texts are the simplest that make the point.
+//! It is part of the product's demo, not a library: `idem demo` runs it
+//! (the `idem` binary depends on it), and it is the worked example of atomic
+//! mode that the README points to. It is not published; its schema and
+//! error texts are the simplest that make the point, and may change with the
+//! demo.
 
 use std::sync::Arc;
 
@@ -27,9 +30,11 @@ use idem_core::{Atomic, Completion, StoreError, StoredResponse};
 use idem_http::{IdempotencyContext, IdempotencyLayer, Problem, RouteRule, stored_to_response};
 use serde::{Deserialize, Serialize};
 
+#[cfg(feature = "postgres")]
 mod pg;
 mod sqlite;
 
+#[cfg(feature = "postgres")]
 pub use pg::PostgresLedger;
 pub use sqlite::SqliteLedger;
 
@@ -72,6 +77,7 @@ pub enum LedgerError {
     #[error("sqlite: {0}")]
     Sqlite(#[from] rusqlite::Error),
     /// PostgreSQL failed.
+    #[cfg(feature = "postgres")]
     #[error("postgres: {0}")]
     Postgres(#[from] idem_postgres::PgError),
 }

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{LEASE, TTL, request, response, t0, unique_id};
-use crate::{Claim, Completion, Fence, Lease, Settled, Status, Store};
+use idem_core::{Claim, Completion, Fence, Lease, Settled, Status, Store};
 
 fn acquired(claim: Claim) -> Lease {
     match claim {
@@ -13,7 +13,7 @@ fn acquired(claim: Claim) -> Lease {
     }
 }
 
-async fn claim_ok<S: Store + ?Sized>(store: &S, req: &crate::ClaimRequest) -> Claim {
+async fn claim_ok<S: Store + ?Sized>(store: &S, req: &idem_core::ClaimRequest) -> Claim {
     store
         .claim(req)
         .await
@@ -371,7 +371,7 @@ pub async fn race_one_key_across<S: Store>(stores: &[Arc<S>], tasks: usize) {
 /// pages, oldest lease first, each once; finished, live-lease and expired
 /// records are not.
 pub async fn stale_records_are_listed_in_pages<S: Store + ?Sized>(store: &S) {
-    use crate::StaleCursor;
+    use idem_core::StaleCursor;
     let mut stale_ids = Vec::new();
     for i in 0..5u64 {
         let id = unique_id(&format!("stale-key-{i:06}"));
@@ -433,7 +433,7 @@ pub async fn stale_records_are_listed_in_pages<S: Store + ?Sized>(store: &S) {
 /// at most `limit`; never another scope's or another key's records, nor
 /// released or expired ones.
 pub async fn records_are_found_by_scope_and_key<S: Store + ?Sized>(store: &S) {
-    use crate::{Key, Operation, RecordId};
+    use idem_core::{Key, Operation, RecordId};
     let base = unique_id("find-by-key-0001");
     let (scope, key) = (base.scope.clone(), base.key.clone());
     let on = |method: &str, route: &str| {
@@ -485,7 +485,7 @@ pub async fn records_are_found_by_scope_and_key<S: Store + ?Sized>(store: &S) {
     );
     acquired(claim_ok(store, &claim_at(&other_key, Duration::from_secs(4), TTL)).await);
 
-    fn ids(records: &[crate::Record]) -> Vec<&RecordId> {
+    fn ids(records: &[idem_core::Record]) -> Vec<&RecordId> {
         records.iter().map(|r| &r.id).collect()
     }
 
@@ -545,7 +545,7 @@ pub async fn records_are_found_by_scope_and_key<S: Store + ?Sized>(store: &S) {
         .await
         .unwrap();
     assert_eq!(ids(&found), [&other_key]);
-    let nobody = crate::Scope::from_raw(format!("{}-nobody", scope.as_str()));
+    let nobody = idem_core::Scope::from_raw(format!("{}-nobody", scope.as_str()));
     assert!(
         store
             .find_by_key(&nobody, &key, after, 10)

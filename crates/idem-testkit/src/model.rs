@@ -1,7 +1,7 @@
 //! A property test: random operation sequences against a model.
 //!
 //! The model is the contract written as plainly as possible (a map and a
-//! few `if`s), independent of [`transition`](crate::transition), so a
+//! few `if`s), independent of [`transition`](idem_core::transition), so a
 //! mistake in the shared rules is caught too. Time moves in random steps
 //! around the lease and ttl, so takeovers and expiry happen often.
 
@@ -12,7 +12,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
 use super::{response, t0, unique_id};
-use crate::{
+use idem_core::{
     Claim, ClaimRequest, Completion, Fence, Fingerprint, RecordId, Settled, Status, Store,
     StoredResponse, Timestamp,
 };
@@ -296,6 +296,6 @@ fn pick_fence(model: &Model, key: usize, pick: usize) -> Fence {
     }
 }
 
-fn fail(step: usize, op: &Op, e: crate::StoreError) -> TestCaseError {
+fn fail(step: usize, op: &Op, e: idem_core::StoreError) -> TestCaseError {
     TestCaseError::fail(format!("step {step} {op:?}: store error {e}"))
 }

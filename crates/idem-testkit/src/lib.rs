@@ -1,9 +1,20 @@
-//! The store conformance suite: one set of checks every [`Store`] must pass.
+//! Test support for idem's own crates: the store conformance suite, the
+//! atomic-mode conformance suite, the model check, crash and benchmark
+//! helpers. `publish = false`; a dev-dependency only.
 //!
-//! A store crate runs all of it with one macro line in a test module:
+//! It is not part of the idempotency contract and not an API for
+//! applications: nothing here is semver-stable, every check panics to fail,
+//! and no library crate of the workspace may depend on it outside
+//! `[dev-dependencies]`. It lives apart from `idem-core` so that the core
+//! stays free of tokio and proptest and of a test-only feature.
+//!
+//! # The store conformance suite
+//!
+//! One set of checks every [`Store`] must pass. A store crate runs all of
+//! it with one macro line in a test module:
 //!
 //! ```ignore
-//! idem_core::conformance_tests!(async { MyStore::connect(&url).await.unwrap() });
+//! idem_testkit::conformance_tests!(async { MyStore::connect(&url).await.unwrap() });
 //! ```
 //!
 //! The expression is evaluated once per test and must give a store of its
@@ -11,25 +22,46 @@
 //! purge in one never sees another's records. Each check is also a public
 //! function, for stores that want to call them one by one.
 //!
-//! The suite checks every transition of DESIGN.md section 2, fencing,
+//! The suite checks every transition of docs/contract.md, *Records and their state machine*, fencing,
 //! takeover, expiry, bounded purge, the stale listing, the look-up by
 //! (scope, key), a 64-task race on one key, and a
 //! property test that runs random operation sequences against a simple
 //! model of the contract and compares every answer.
+//!
+//! # The atomic-mode suite
+//!
+//! Stores whose atomic mode commits a business mutation together with the
+//! record's completion (SQLite, PostgreSQL) implement
+//! [`atomic::AtomicHarness`] and run [`atomic_conformance_tests!`], which
+//! includes crash tests that SIGKILL a child process (see [`crash`]).
+//!
+//! # The rest
+//!
+//! - fixtures: [`t0`], [`unique_id`], [`request`], [`response`], [`LEASE`],
+//!   [`TTL`];
+//! - [`backend_url`]: a backend's URL from the environment, skipping
+//!   outside CI when it is absent;
+//! - [`Guarded`] and [`CleanupOnDrop`]: a store together with the
+//!   temporary directory or schema it lives in;
+//! - [`print_pair_rates`]: the store benchmarks' main loop;
+//! - [`private_redis`]: a `redis-server` of a test's own, to stop and
+//!   restart.
 
 #![allow(clippy::unwrap_used)] // test support: a panic is how a check fails
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::{
+use idem_core::{
     ClaimRequest, FieldSelection, Fingerprint, Key, Operation, RecordId, Scope, Store,
     StoredResponse, Timestamp,
 };
 
+pub mod atomic;
 mod checks;
 pub mod crash;
 mod model;
+pub mod private_redis;
 
 pub use checks::*;
 pub use model::{model_check, model_check_with};
@@ -93,8 +125,7 @@ pub fn response(status: u16, tag: &str) -> StoredResponse {
 }
 
 /// Generates one `#[test]` per conformance check for the store that `$make`
-/// (an `async` block) builds. Needs `tokio` with the `macros` and
-/// `rt-multi-thread` features in the calling crate's dev-dependencies.
+/// (an `async` block) builds, each on a [`runtime`] of its own.
 ///
 /// `conformance_tests!(optional async { ... })` takes a block that yields
 /// `Option<Store>`: `None` means the backend is not there, and each test
@@ -119,20 +150,20 @@ macro_rules! conformance_tests {
 
         #[test]
         fn conformance_race_64_tasks_one_key() {
-            let rt = $crate::testkit::runtime();
+            let rt = $crate::runtime();
             rt.block_on(async {
                 let Some(store) = $make.await else { return };
-                $crate::testkit::race_one_key(::std::sync::Arc::new(store), 64).await;
+                $crate::race_one_key(::std::sync::Arc::new(store), 64).await;
             });
         }
 
         #[test]
         fn conformance_model_check() {
-            let rt = $crate::testkit::runtime();
+            let rt = $crate::runtime();
             if rt.block_on($make).is_none() {
                 return;
             }
-            $crate::testkit::model_check(&rt, || {
+            $crate::model_check(&rt, || {
                 rt.block_on($make).expect("the backend went away during the model check")
             });
         }
@@ -141,10 +172,10 @@ macro_rules! conformance_tests {
         $(
             #[test]
             fn $check() {
-                let rt = $crate::testkit::runtime();
+                let rt = $crate::runtime();
                 rt.block_on(async {
                     let Some(store) = $make.await else { return };
-                    $crate::testkit::$check(&store).await;
+                    $crate::$check(&store).await;
                 });
             }
         )*
@@ -195,46 +226,46 @@ impl<S: Store> Store for Guarded<S> {
     fn claim<'a>(
         &'a self,
         req: &'a ClaimRequest,
-    ) -> crate::BoxFuture<'a, Result<crate::Claim, crate::StoreError>> {
+    ) -> idem_core::BoxFuture<'a, Result<idem_core::Claim, idem_core::StoreError>> {
         self.store.claim(req)
     }
     fn complete<'a>(
         &'a self,
         id: &'a RecordId,
-        fence: crate::Fence,
-        completion: crate::Completion,
+        fence: idem_core::Fence,
+        completion: idem_core::Completion,
         now: Timestamp,
-    ) -> crate::BoxFuture<'a, Result<crate::Settled, crate::StoreError>> {
+    ) -> idem_core::BoxFuture<'a, Result<idem_core::Settled, idem_core::StoreError>> {
         self.store.complete(id, fence, completion, now)
     }
     fn release<'a>(
         &'a self,
         id: &'a RecordId,
-        fence: crate::Fence,
+        fence: idem_core::Fence,
         now: Timestamp,
-    ) -> crate::BoxFuture<'a, Result<crate::Settled, crate::StoreError>> {
+    ) -> idem_core::BoxFuture<'a, Result<idem_core::Settled, idem_core::StoreError>> {
         self.store.release(id, fence, now)
     }
     fn get<'a>(
         &'a self,
         id: &'a RecordId,
         now: Timestamp,
-    ) -> crate::BoxFuture<'a, Result<Option<crate::Record>, crate::StoreError>> {
+    ) -> idem_core::BoxFuture<'a, Result<Option<idem_core::Record>, idem_core::StoreError>> {
         self.store.get(id, now)
     }
     fn purge_expired(
         &self,
         now: Timestamp,
         limit: usize,
-    ) -> crate::BoxFuture<'_, Result<usize, crate::StoreError>> {
+    ) -> idem_core::BoxFuture<'_, Result<usize, idem_core::StoreError>> {
         self.store.purge_expired(now, limit)
     }
     fn list_stale<'a>(
         &'a self,
         now: Timestamp,
-        after: Option<&'a crate::StaleCursor>,
+        after: Option<&'a idem_core::StaleCursor>,
         limit: usize,
-    ) -> crate::BoxFuture<'a, Result<Vec<crate::Record>, crate::StoreError>> {
+    ) -> idem_core::BoxFuture<'a, Result<Vec<idem_core::Record>, idem_core::StoreError>> {
         self.store.list_stale(now, after, limit)
     }
     fn find_by_key<'a>(
@@ -243,7 +274,7 @@ impl<S: Store> Store for Guarded<S> {
         key: &'a Key,
         now: Timestamp,
         limit: usize,
-    ) -> crate::BoxFuture<'a, Result<Vec<crate::Record>, crate::StoreError>> {
+    ) -> idem_core::BoxFuture<'a, Result<Vec<idem_core::Record>, idem_core::StoreError>> {
         self.store.find_by_key(scope, key, now, limit)
     }
 }
@@ -271,13 +302,13 @@ pub async fn pairs_per_second<S: Store>(
                     n += 1;
                     let id = unique_id(&format!("load-{t:05}-{n:010}"));
                     let req = request(&id, "{}", Timestamp::now());
-                    let Ok(crate::Claim::Acquired(lease)) = store.claim(&req).await else {
+                    let Ok(idem_core::Claim::Acquired(lease)) = store.claim(&req).await else {
                         panic!("load: claim did not acquire");
                     };
-                    let c = crate::Completion::completed(response(201, "load"));
+                    let c = idem_core::Completion::completed(response(201, "load"));
                     let settled = store.complete(&id, lease.fence, c, req.now).await;
                     assert!(
-                        matches!(settled, Ok(crate::Settled::Applied)),
+                        matches!(settled, Ok(idem_core::Settled::Applied)),
                         "load: complete failed"
                     );
                     if counting.load(Ordering::Relaxed) {
@@ -318,7 +349,7 @@ pub fn backend_url(var: &str, what: &str) -> Option<String> {
     }
 }
 
-type CleanupFn = Box<dyn FnOnce() -> crate::BoxFuture<'static, ()> + Send>;
+type CleanupFn = Box<dyn FnOnce() -> idem_core::BoxFuture<'static, ()> + Send>;
 
 /// Runs an async clean-up (drop a schema, delete a key prefix) when
 /// dropped, on a runtime of its own: the test's runtime may be gone by then.
@@ -339,7 +370,7 @@ impl CleanupOnDrop {
         Fut: std::future::Future<Output = ()> + Send + 'static,
     {
         CleanupOnDrop(std::sync::Mutex::new(Some(Box::new(move || {
-            Box::pin(cleanup()) as crate::BoxFuture<'static, ()>
+            Box::pin(cleanup()) as idem_core::BoxFuture<'static, ()>
         }))))
     }
 }

@@ -6,7 +6,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use idem_http::IdempotencyLayer;
-use idem_ledger::{Ledger, PostgresLedger, SqliteLedger, router, transfer_rule};
+#[cfg(feature = "postgres")]
+use idem_ledger::PostgresLedger;
+use idem_ledger::{Ledger, SqliteLedger, router, transfer_rule};
 use reqwest::StatusCode;
 
 const ACCOUNTS: usize = 8;
@@ -118,9 +120,10 @@ async fn sqlite_ledger_under_duplicated_concurrent_transfers() {
     run(Arc::new(ledger), store).await;
 }
 
+#[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_ledger_under_duplicated_concurrent_transfers() {
-    let Some(url) = idem_core::testkit::backend_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL") else {
+    let Some(url) = idem_testkit::backend_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL") else {
         return;
     };
     let schema = format!("idem_ledger_{}", std::process::id());

@@ -3,13 +3,13 @@
 //! from the ledger's own state.
 #![allow(clippy::unwrap_used)] // a test crate: a panic is a failed assertion
 
-use idem_core::testkit::crash::{READY, run_until_ready_then_kill};
-use idem_core::testkit::{LEASE, request, t0};
 use idem_core::{
     Atomic, Claim, Completion, Key, Operation, RecordId, Scope, Status, Store, StoredResponse,
     reconcile_once,
 };
 use idem_ledger::{Ledger, SqliteLedger};
+use idem_testkit::crash::{READY, run_until_ready_then_kill};
+use idem_testkit::{LEASE, request, t0};
 
 fn id(key: &str) -> RecordId {
     RecordId::new(

@@ -10,7 +10,9 @@ use std::sync::Arc;
 
 use idem_http::IdempotencyLayer;
 use idem_http::maintenance::Maintenance;
-use idem_ledger::{Ledger, PostgresLedger, SqliteLedger, router, transfer_rule};
+#[cfg(feature = "postgres")]
+use idem_ledger::PostgresLedger;
+use idem_ledger::{Ledger, SqliteLedger, router, transfer_rule};
 
 struct Args {
     listen: String,
@@ -73,21 +75,22 @@ async fn main() -> ExitCode {
         if let Some(path) = args.store.strip_prefix("sqlite:") {
             let ledger = SqliteLedger::open(path).map_err(|e| e.to_string())?;
             let store = ledger.store().clone();
-            serve(ledger, store, &args).await
-        } else if args.store.starts_with("postgres://") || args.store.starts_with("postgresql://") {
+            return serve(ledger, store, &args).await;
+        }
+        #[cfg(feature = "postgres")]
+        if args.store.starts_with("postgres://") || args.store.starts_with("postgresql://") {
             let store = idem_postgres::PostgresStore::connect(&args.store)
                 .await
                 .map_err(|e| e.to_string())?;
             let ledger = PostgresLedger::new(store.clone())
                 .await
                 .map_err(|e| e.to_string())?;
-            serve(ledger, store, &args).await
-        } else {
-            Err(format!(
-                "--store must be sqlite:PATH or postgres://..., not {}",
-                args.store
-            ))
+            return serve(ledger, store, &args).await;
         }
+        Err(format!(
+            "--store must be sqlite:PATH or postgres://..., not {}",
+            args.store
+        ))
     }
     .await;
     match result {

@@ -11,6 +11,12 @@ use std::process::{Command, Stdio};
 /// The line a child prints when it is ready to be killed.
 pub const READY: &str = "IDEM-CHILD-READY";
 
+/// Prints [`READY`] on a line of its own: the child is at the point where
+/// its parent should kill it.
+pub fn say_ready() {
+    println!("{READY}");
+}
+
 /// Runs the ignored test `test_path` of the current test binary with `envs`,
 /// waits until it prints [`READY`], and kills it with SIGKILL.
 ///

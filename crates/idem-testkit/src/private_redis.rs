@@ -1,5 +1,5 @@
-//! Test support: a private `redis-server` on its own port (feature
-//! `testkit`), for tests that stop and restart Redis.
+//! Test support: a private `redis-server` on its own port, for tests
+//! that stop and restart Redis.
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;

@@ -1,0 +1,141 @@
+//! Options for connecting a store, and connecting it: the pool, the
+//! migration, the statements.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::{
+    Hook, HookError, Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime,
+};
+use idem_core::{StoreError, StoreErrorKind};
+use tokio_postgres::NoTls;
+
+use crate::error::{pg_error, pool_error};
+use crate::row::millis;
+use crate::schema::{self, Statements};
+use crate::{Inner, PostgresStore};
+
+/// Options for connecting a store.
+#[derive(Debug, Clone)]
+pub struct PostgresStoreBuilder {
+    url: String,
+    schema: String,
+    pool_size: usize,
+    wait: Duration,
+    statement_timeout: Duration,
+}
+
+impl PostgresStoreBuilder {
+    /// The default options for `url`.
+    pub(crate) fn new(url: String) -> PostgresStoreBuilder {
+        PostgresStoreBuilder {
+            url,
+            schema: "idem".into(),
+            pool_size: 16,
+            wait: Duration::from_secs(5),
+            statement_timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// The schema holding idem's tables. Default `idem`. Lower-case letters,
+    /// digits and `_` only.
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = schema.into();
+        self
+    }
+
+    /// The most connections the pool opens. Default 16.
+    pub fn pool_size(mut self, n: usize) -> Self {
+        self.pool_size = n.max(1);
+        self
+    }
+
+    /// How long an operation waits for a connection (and for one to be
+    /// opened) before failing with `Unavailable`. Default 5 s.
+    pub fn connect_timeout(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// PostgreSQL's `statement_timeout` on the store's connections: a
+    /// statement that runs longer (a stalled server, a row locked by
+    /// another session) is cancelled by the server and the call fails with
+    /// `Unavailable`. It applies to the statements of atomic-mode
+    /// mutations too (a mutation may `SET LOCAL statement_timeout` for
+    /// itself). Zero turns it off. Default 5 s.
+    pub fn statement_timeout(mut self, timeout: Duration) -> Self {
+        self.statement_timeout = timeout;
+        self
+    }
+
+    /// Connects, then creates or migrates the schema.
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::Setup`] for a bad URL or schema name, or a schema
+    /// newer than this code; [`StoreErrorKind::Unavailable`] when the server
+    /// does not answer.
+    pub async fn connect(self) -> Result<PostgresStore, StoreError> {
+        if !schema::valid_schema_name(&self.schema) {
+            return Err(StoreError::new(
+                StoreErrorKind::Setup,
+                format!("postgres store: invalid schema name {:?}", self.schema),
+            ));
+        }
+        let config = tokio_postgres::Config::from_str(&self.url).map_err(|e| {
+            StoreError::new(
+                StoreErrorKind::Setup,
+                "postgres store: invalid connection URL",
+            )
+            .with_source(e)
+        })?;
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let statement_ms = millis(self.statement_timeout);
+        let pool = Pool::builder(manager)
+            .max_size(self.pool_size)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(self.wait))
+            .create_timeout(Some(self.wait))
+            .recycle_timeout(Some(self.wait))
+            .post_create(Hook::async_fn(move |client, _| {
+                Box::pin(async move {
+                    client
+                        .batch_execute(&format!("SET statement_timeout = {statement_ms}"))
+                        .await
+                        .map_err(HookError::Backend)
+                })
+            }))
+            .build()
+            .map_err(|e| {
+                StoreError::new(
+                    StoreErrorKind::Setup,
+                    "postgres store: cannot build the pool",
+                )
+                .with_source(e)
+            })?;
+        let mut client = pool.get().await.map_err(pool_error)?;
+        // Migrations may wait for another instance's migration lock and
+        // build indexes: no statement timeout for them, on a connection
+        // that is then closed rather than returned to the pool.
+        client
+            .batch_execute("SET statement_timeout = 0")
+            .await
+            .map_err(|e| pg_error("preparing the migration", e))?;
+        let migrated = schema::migrate(&mut client, &self.schema).await;
+        drop(Object::take(client));
+        migrated?;
+        Ok(PostgresStore {
+            inner: Arc::new(Inner {
+                sql: Statements::new(&self.schema),
+                pool,
+                schema: self.schema,
+            }),
+        })
+    }
+}
