@@ -2,10 +2,13 @@
 //!
 //! A logical call gets one `Idempotency-Key` (a UUID v4 unless you give
 //! one), sent unchanged on every attempt, so the server executes it once
-//! however often it is retried. Each failure is classified (docs/contract.md, *Retries*): a request that was never sent is always retried; one whose
-//! result is unknown only with its key; 409, 429, 502–504, 408 and 425 with
-//! backoff, honouring `Retry-After`; other 5xx only with a key; 4xx never
-//! (401/403 once after a credential refresh). Delays are exponential with
+//! however often it is retried. Each failure is classified (docs/contract.md,
+//! *Retries*): a request that was never sent is always retried; one that
+//! may have reached the server only if it is repeatable (it has a key, or
+//! an idempotent method such as GET or PUT), and then for an unknown
+//! outcome, 409, 408, 425, 429 and 5xx, with backoff, honouring
+//! `Retry-After`; 4xx never (401/403 once after a credential refresh).
+//! Delays are exponential with
 //! full jitter; retries are spent from a budget shared by the whole client;
 //! and no retry is sent after the key's `Idempotency-Key-Expires`.
 //!

@@ -5,8 +5,6 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::stores::StoreUrl;
-
 #[derive(Debug, Parser)]
 #[command(
     name = "idem",
@@ -174,7 +172,7 @@ pub(crate) struct DemoArgs {
     pub(crate) intents: usize,
     /// Store for the ledger: sqlite:PATH or postgres://... [default: SQLite in a temporary directory].
     #[arg(long)]
-    pub(crate) store: Option<StoreUrl>,
+    pub(crate) store: Option<String>,
     /// Share of first attempts whose answer is lost after the commit.
     #[arg(long, default_value_t = 0.2)]
     pub(crate) drop_rate: f64,
@@ -203,7 +201,7 @@ pub(crate) enum RecordsCommand {
         key: String,
         /// The store URL.
         #[arg(long, env = "IDEM_STORE")]
-        store: StoreUrl,
+        store: String,
         /// The tenant (as --tenant-header would give it). Give it twice,
         /// tenant then principal, for a gateway that has both
         /// --tenant-header and --scope-header.
@@ -228,7 +226,7 @@ pub(crate) enum RecordsCommand {
     Stale {
         /// The store URL.
         #[arg(long, env = "IDEM_STORE")]
-        store: StoreUrl,
+        store: String,
         /// At most this many.
         #[arg(long, default_value_t = 100)]
         limit: usize,
@@ -237,7 +235,7 @@ pub(crate) enum RecordsCommand {
     Purge {
         /// The store URL.
         #[arg(long, env = "IDEM_STORE")]
-        store: StoreUrl,
+        store: String,
         /// Delete records that expired at least this long ago, e.g. 1h [default: 0s].
         #[arg(long)]
         older_than: Option<String>,

@@ -6,7 +6,14 @@ use idem_http::PathPattern;
 
 use crate::cli::RecordsCommand;
 use crate::config::route_operations;
+use crate::stores::StoreUrl;
 use crate::units::duration;
+
+/// Parses `--store` (here, not in clap: clap would echo a refused URL,
+/// password and all) and opens it.
+async fn open(url: &str) -> anyhow::Result<std::sync::Arc<dyn idem_core::Store>> {
+    url.parse::<StoreUrl>().context("--store")?.open().await
+}
 
 pub(crate) async fn run(cmd: RecordsCommand) -> anyhow::Result<()> {
     match cmd {
@@ -32,7 +39,7 @@ pub(crate) async fn run(cmd: RecordsCommand) -> anyhow::Result<()> {
                 (None, Some(c)) => route_operations(&c)?,
                 (None, None) => Vec::new(),
             };
-            let store = store.open().await?;
+            let store = open(&store).await?;
             if operations.is_empty() {
                 // The key and the scope are enough: the newest record.
                 let found = store
@@ -65,7 +72,7 @@ pub(crate) async fn run(cmd: RecordsCommand) -> anyhow::Result<()> {
             bail!("no live record for that key, scope and operation")
         }
         RecordsCommand::Stale { store, limit } => {
-            let store = store.open().await?;
+            let store = open(&store).await?;
             let now = Timestamp::now();
             let mut cursor: Option<StaleCursor> = None;
             let mut shown = 0;
@@ -102,7 +109,7 @@ pub(crate) async fn run(cmd: RecordsCommand) -> anyhow::Result<()> {
                 .transpose()
                 .context("--older-than")?
                 .unwrap_or_default();
-            let store = store.open().await?;
+            let store = open(&store).await?;
             let cutoff = Timestamp::now() - age;
             let total = idem_http::maintenance::purge_expired(
                 &*store,

@@ -110,18 +110,33 @@ impl StoreUrl {
     }
 }
 
-/// A URL without its password, for messages.
+/// A URL without its password, for messages: the password of the user
+/// info (up to the last `@`, so a raw `@` in a password is covered too) and
+/// the value of any query parameter whose name mentions a password.
 fn redact(url: &str) -> String {
-    match (url.find("://"), url.find('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let creds = &url[s + 3..at];
-            match creds.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..s + 3], &url[at..]),
-                None => url.to_owned(),
-            }
-        }
-        _ => url.to_owned(),
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let mut out = match (base.find("://"), base.rfind('@')) {
+        (Some(s), Some(at)) if at > s => match base[s + 3..at].split_once(':') {
+            Some((user, _)) => format!("{}{user}:***{}", &base[..s + 3], &base[at..]),
+            None => base.to_owned(),
+        },
+        _ => base.to_owned(),
+    };
+    if let Some(query) = query {
+        let params: Vec<String> = query
+            .split('&')
+            .map(|p| match p.split_once('=') {
+                Some((k, _)) if k.to_ascii_lowercase().contains("pass") => format!("{k}=***"),
+                _ => p.to_owned(),
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&params.join("&"));
     }
+    out
 }
 
 #[cfg(test)]
@@ -132,6 +147,11 @@ mod tests {
     fn passwords_are_redacted() {
         assert_eq!(redact("postgres://u:secret@h/db"), "postgres://u:***@h/db");
         assert_eq!(redact("redis://h:6379"), "redis://h:6379");
+        assert_eq!(redact("postgres://u:p@ss@h/db"), "postgres://u:***@h/db");
+        assert_eq!(
+            redact("postgres://h/db?user=u&password=secret&sslmode=require"),
+            "postgres://h/db?user=u&password=***&sslmode=require"
+        );
         let url: StoreUrl = "postgres://u:secret@h/db".parse().unwrap();
         assert_eq!(url.to_string(), "postgres://u:***@h/db");
         let unknown = "mysql://u:secret@h/db".parse::<StoreUrl>().unwrap_err();

@@ -418,6 +418,33 @@ async fn slow_clients_are_cut_off_and_connections_are_capped() {
     assert_eq!(c.get(&url).send().await.unwrap().status(), 200);
 }
 
+/// A store URL that is refused never echoes its password, whichever
+/// command refuses it and wherever the URL came from.
+#[test]
+fn refused_store_urls_never_print_their_password() {
+    for url in [
+        "mysql://u:s3cret-pw@h/db",
+        "postgresql+x://u:s3cret-pw@h/db",
+        "redis+x://h/db?password=s3cret-pw",
+    ] {
+        for args in [
+            vec!["records", "stale", "--store", url],
+            vec!["records", "purge", "--store", url],
+            vec!["records", "get", "some-key-0123456789", "--store", url],
+            vec!["demo", "--store", url],
+            vec!["serve", "--upstream", "http://127.0.0.1:9", "--store", url],
+        ] {
+            let (code, out, err) = idem(&args);
+            assert_ne!(code, 0, "{args:?} accepted {url}");
+            assert!(err.contains("store"), "{args:?}: {err}");
+            assert!(
+                !err.contains("s3cret") && !out.contains("s3cret"),
+                "{args:?} printed the password: {err}"
+            );
+        }
+    }
+}
+
 /// Item 9: durations and sizes past their bounds are refused at start-up,
 /// with a message and exit code 2.
 #[test]

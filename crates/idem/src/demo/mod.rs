@@ -48,7 +48,15 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     if args.clients == 0 || args.intents == 0 {
         bail!("--clients and --intents must be at least 1");
     }
-    match &args.store {
+    // Parsed here, not in clap: clap would echo a refused URL, password
+    // and all.
+    let store = args
+        .store
+        .as_deref()
+        .map(str::parse::<StoreUrl>)
+        .transpose()
+        .context("--store")?;
+    match &store {
         None => {
             let dir = tempfile::tempdir().context("cannot create a temporary directory")?;
             let ledger = SqliteLedger::open(dir.path().join("demo.db"))

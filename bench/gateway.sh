@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# `idem serve` against an nginx proxy hop, on this machine, in one run.
+#
+# nginx (one worker) serves a tiny upstream on one port and, on a second
+# port, a plain keep-alive proxy hop to it: that hop is the reference. wrk
+# (-t2 -c64, IDEM_BENCH_SECS seconds a row, 8 by default) sends a POST with
+# a small JSON body and a new Idempotency-Key per request (or one key for
+# every request: replays), or a GET without a key (passthrough). Each row:
+# requests/s, the ratio to the nginx hop, p99, and CPU per request: the
+# utime+stime the serving process spent (from /proc/PID/stat) over the
+# requests wrk completed. For the upstream and the hop rows that process is
+# the nginx worker, which serves the upstream too; for idem rows it is the
+# gateway alone (the upstream's own CPU is the first row's).
+#
+# Stores: memory, SQLite (synchronous=FULL, the default) and, when
+# IDEM_TEST_POSTGRES_URL / IDEM_TEST_REDIS_URL are set, PostgreSQL and
+# Redis. IDEM_BENCH_BIN runs another idem binary (an older build, for
+# before/after); IDEM_BENCH_ROWS picks rows by name (a grep -E pattern).
+# Installs nginx-light and wrk with apt-get if they are missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SECS="${IDEM_BENCH_SECS:-8}"
+CONNS="${IDEM_BENCH_CONNECTIONS:-64}"
+ROWS="${IDEM_BENCH_ROWS:-.}"
+
+if ! command -v nginx >/dev/null || ! command -v wrk >/dev/null; then
+    echo "bench: installing nginx-light and wrk" >&2
+    apt-get install -y nginx-light wrk >/dev/null 2>&1 ||
+        { apt-get update >/dev/null && apt-get install -y nginx-light wrk >/dev/null; }
+fi
+NGINX="$(command -v nginx || echo /usr/sbin/nginx)"
+
+if [ -z "${IDEM_BENCH_BIN:-}" ]; then
+    cargo build -q --release -p idem
+    BIN="$PWD/target/release/idem"
+else
+    BIN="$IDEM_BENCH_BIN"
+fi
+
+WORK="$(mktemp -d)"
+PIDS=()
+cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    [ -f "$WORK/nginx.pid" ] && kill "$(cat "$WORK/nginx.pid")" 2>/dev/null || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+UP="$(free_port)"
+HOP="$(free_port)"
+
+cat >"$WORK/nginx.conf" <<EOF
+worker_processes 1;
+daemon on;
+pid $WORK/nginx.pid;
+error_log $WORK/nginx-error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path $WORK/body;
+    proxy_temp_path $WORK/proxy;
+    upstream app { server 127.0.0.1:$UP; keepalive 128; }
+    server {
+        listen 127.0.0.1:$UP;
+        keepalive_requests 100000;
+        location / {
+            default_type application/json;
+            if (\$request_method = POST) { return 201 '{"id":"t-1","status":"created"}'; }
+            return 200 '{"ok":true}';
+        }
+    }
+    server {
+        listen 127.0.0.1:$HOP;
+        keepalive_requests 100000;
+        location / {
+            proxy_pass http://app;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }
+    }
+}
+EOF
+"$NGINX" -c "$WORK/nginx.conf" -e "$WORK/nginx-error.log" -p "$WORK"
+for _ in $(seq 1 50); do [ -s "$WORK/nginx.pid" ] && break; sleep 0.1; done
+NGINX_WORKER="$(pgrep -P "$(cat "$WORK/nginx.pid")" | head -1)"
+
+# wrk scripts: new keys (thread id + counter), one key, passthrough GET.
+cat >"$WORK/new.lua" <<'EOF'
+local counter, threads = 0, 0
+function setup(thread) threads = threads + 1; thread:set("tid", threads) end
+wrk.method = "POST"
+wrk.body = '{"from":"acct-1","to":"acct-2","amount":100}'
+wrk.headers["Content-Type"] = "application/json"
+function request()
+    counter = counter + 1
+    return wrk.format(nil, "/transfers", {["Idempotency-Key"] = string.format("bench-%d-%d-%d", RUN, tid, counter)})
+end
+EOF
+cat >"$WORK/replay.lua" <<'EOF'
+wrk.method = "POST"
+wrk.body = '{"from":"acct-1","to":"acct-2","amount":100}'
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Idempotency-Key"] = "bench-replayed-key-0001"
+EOF
+cat >"$WORK/get.lua" <<'EOF'
+wrk.method = "GET"
+EOF
+
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+TICK_US=$((1000000 / $(getconf CLK_TCK)))
+RUN_ID=$RANDOM
+
+# row NAME URL SCRIPT PID
+row() {
+    local name="$1" url="$2" script="$3" pid="$4"
+    echo "$name" | grep -Eq "$ROWS" || return 0
+    local lua="$WORK/run.lua"
+    sed "s/RUN/$RUN_ID$RANDOM/" "$WORK/$script.lua" >"$lua"
+    # A short warm-up (connections, the replayed key's first execution).
+    wrk -t2 -c"$CONNS" -d1s -s "$lua" "$url" >/dev/null 2>&1 || true
+    sed "s/RUN/$RUN_ID$RANDOM/" "$WORK/$script.lua" >"$lua"
+    local before after out
+    before="$(cpu_ticks "$pid")"
+    out="$(wrk -t2 -c"$CONNS" -d"${SECS}s" --latency -s "$lua" "$url")"
+    after="$(cpu_ticks "$pid")"
+    local rps reqs p99 non2xx
+    rps="$(echo "$out" | awk '/^Requests\/sec/ {print $2}')"
+    reqs="$(echo "$out" | awk '/requests in/ {print $1}')"
+    p99="$(echo "$out" | awk '$1 == "99%" {print $2}')"
+    non2xx="$(echo "$out" | awk '/Non-2xx/ {print $5}')"
+    local cpu_us=$(( (after - before) * TICK_US / (reqs > 0 ? reqs : 1) ))
+    printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$rps" "$p99" "$cpu_us" "${non2xx:-0}" >>"$WORK/rows.tsv"
+    printf 'bench: %-34s %10s req/s  p99 %-8s %5s us/req  non-2xx %s\n' "$name" "$rps" "$p99" "$cpu_us" "${non2xx:-0}" >&2
+}
+
+# gateway NAME STORE: starts `idem serve`, runs its rows, stops it.
+gateway() {
+    local name="$1" store="$2"
+    local port admin
+    port="$(free_port)"; admin="$(free_port)"
+    "$BIN" serve --upstream "http://127.0.0.1:$UP" --store "$store" \
+        --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" \
+        --max-connections 4096 >"$WORK/idem-$name.log" 2>&1 &
+    local pid=$!
+    PIDS+=("$pid")
+    for _ in $(seq 1 100); do
+        curl -fs "http://127.0.0.1:$admin/readyz" >/dev/null 2>&1 && break
+        sleep 0.1
+    done
+    if [ "$name" = memory ]; then
+        row "idem passthrough (GET, no key)" "http://127.0.0.1:$port/transfers" get "$pid"
+    fi
+    row "idem $name new keys" "http://127.0.0.1:$port/transfers" new "$pid"
+    row "idem $name replays" "http://127.0.0.1:$port/transfers" replay "$pid"
+    kill "$pid"; wait "$pid" 2>/dev/null || true
+}
+
+: >"$WORK/rows.tsv"
+row "upstream reached directly" "http://127.0.0.1:$UP/transfers" new "$NGINX_WORKER"
+row "nginx proxy hop" "http://127.0.0.1:$HOP/transfers" new "$NGINX_WORKER"
+gateway memory memory:
+gateway sqlite "sqlite:$WORK/idem.db"
+if [ -n "${IDEM_TEST_POSTGRES_URL:-}" ]; then
+    psql -q "$IDEM_TEST_POSTGRES_URL" -c 'DROP SCHEMA IF EXISTS idem CASCADE' >/dev/null 2>&1 || true
+    gateway postgres "$IDEM_TEST_POSTGRES_URL"
+fi
+if [ -n "${IDEM_TEST_REDIS_URL:-}" ]; then
+    gateway redis "$IDEM_TEST_REDIS_URL"
+fi
+
+python3 - "$WORK/rows.tsv" "$CONNS" "$SECS" <<'EOF'
+import sys
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
+hop = next((float(r[1]) for r in rows if r[0] == "nginx proxy hop"), None)
+print(f"wrk -t2 -c{sys.argv[2]}, {sys.argv[3]} s a row\n")
+print("| row | req/s | × nginx hop | p99 | CPU µs/request | non-2xx |")
+print("|---|---:|---:|---:|---:|---:|")
+for name, rps, p99, cpu, bad in rows:
+    ratio = f"{float(rps) / hop:.2f}" if hop else "-"
+    print(f"| {name} | {float(rps):,.0f} | {ratio} | {p99} | {cpu} | {bad} |")
+EOF
