@@ -258,6 +258,16 @@ async fn claim_or_wait(
         Concurrency::Wait { limit } => Some(tokio::time::Instant::now() + limit),
         _ => None,
     };
+    // A finished record replayed before, kept in memory: no store call.
+    if let Some(kept) = shared
+        .replays
+        .as_ref()
+        .and_then(|c| c.get(id, &fingerprint, Timestamp::now()))
+    {
+        count(Outcome::Replayed);
+        ::metrics::counter!(metrics::REPLAY_CACHE_HITS).increment(1);
+        return Err(replay(&kept.response, kept.expires_at));
+    }
     let mut backoff = Duration::from_millis(50);
     loop {
         // Subscribe before claiming, so a finish between the claim and the
@@ -309,6 +319,9 @@ async fn claim_or_wait(
             }
             Claim::Replay(record) => {
                 count(Outcome::Replayed);
+                if let Some(cache) = &shared.replays {
+                    cache.keep(&record);
+                }
                 return Err(match &record.response {
                     Some(stored) => replay(stored, record.expires_at),
                     None => Rejection::HandlerFailed.into_response(),

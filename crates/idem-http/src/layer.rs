@@ -10,6 +10,7 @@ use tokio_util::task::TaskTracker;
 use tower::Layer;
 
 use crate::metrics::InProgress;
+use crate::replay_cache::ReplayCache;
 use crate::rule::{KeyRequirement, RouteRule, ScopeSource};
 use crate::service::Idempotency;
 use crate::wait::Waiters;
@@ -35,6 +36,8 @@ pub(crate) struct Shared {
     pub(crate) in_progress: InProgress,
     pub(crate) shutdown: CancellationToken,
     pub(crate) tracker: TaskTracker,
+    /// Finished records replayed before; `None`: off.
+    pub(crate) replays: Option<ReplayCache>,
 }
 
 impl Shared {
@@ -52,6 +55,9 @@ impl Shared {
         })
     }
 }
+
+/// The replay cache's default size in bytes.
+pub const DEFAULT_REPLAY_CACHE: usize = 16 * 1024 * 1024;
 
 /// Adds the idempotency contract (docs/contract.md, *The HTTP contract*) to a service.
 ///
@@ -111,6 +117,7 @@ impl<S> Layer<S> for IdempotencyLayer {
 /// Builds an [`IdempotencyLayer`].
 pub struct IdempotencyLayerBuilder {
     shared: Shared,
+    replay_cache: usize,
 }
 
 impl std::fmt::Debug for IdempotencyLayerBuilder {
@@ -143,7 +150,9 @@ impl IdempotencyLayerBuilder {
                 in_progress: InProgress::default(),
                 shutdown: CancellationToken::new(),
                 tracker: TaskTracker::new(),
+                replays: None,
             },
+            replay_cache: DEFAULT_REPLAY_CACHE,
         }
     }
 
@@ -250,7 +259,19 @@ impl IdempotencyLayerBuilder {
     }
 
     /// The layer.
-    pub fn build(self) -> IdempotencyLayer {
+    /// Keep finished records that were replayed, up to `bytes` in all, so
+    /// that a key retried again is answered without the store. Safe with
+    /// instances sharing a store: a finished record does not change until
+    /// it expires, and a copy is never used past its expiry. Default
+    /// 16 MiB; 0 turns it off.
+    pub fn replay_cache(mut self, bytes: usize) -> Self {
+        self.replay_cache = bytes;
+        self
+    }
+
+    /// The layer.
+    pub fn build(mut self) -> IdempotencyLayer {
+        self.shared.replays = ReplayCache::new(self.replay_cache);
         IdempotencyLayer {
             shared: Arc::new(self.shared),
         }

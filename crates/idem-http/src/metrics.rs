@@ -9,6 +9,7 @@
 //! | `idem_in_progress_oldest_seconds` | gauge | |
 //! | `idem_store_duration_seconds` | histogram | `op`: claim, complete, release, get |
 //! | `idem_stale_completions_total` | counter | (an executor lost its lease before finishing) |
+//! | `idem_replay_cache_hits_total` | counter | (replays answered from memory, without the store) |
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -26,6 +27,8 @@ pub const IN_PROGRESS: &str = "idem_records_in_progress";
 pub const OLDEST: &str = "idem_in_progress_oldest_seconds";
 /// Store latency histogram.
 pub const STORE_DURATION: &str = "idem_store_duration_seconds";
+/// Replays answered from the replay cache, without the store.
+pub const REPLAY_CACHE_HITS: &str = "idem_replay_cache_hits_total";
 /// Completions refused for a stale fence.
 pub const STALE: &str = "idem_stale_completions_total";
 /// Executions answered whose result could not be stored before their

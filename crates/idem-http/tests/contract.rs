@@ -13,7 +13,7 @@ use std::time::Duration;
 use idem_core::{Concurrency, Policy, Store};
 use idem_http::{KeyRequirement, RouteRule, ScopeSource};
 use reqwest::StatusCode;
-use support::{App, DownStore, key, spawn_app};
+use support::{App, SwitchStore, key, spawn_app};
 
 async fn problem(resp: reqwest::Response, status: StatusCode, kind: &str) -> serde_json::Value {
     assert_eq!(resp.status(), status);
@@ -381,6 +381,85 @@ async fn optional_routes_pass_keyless_requests(store: Arc<dyn Store>) {
     assert_eq!(app.executions(), 2);
 }
 
+/// Replays after the first come from the replay cache, not the store (they
+/// are answered while the store is down), and the cache never answers
+/// anything the store would not: other parameters, another caller, another
+/// key all go to the store.
+async fn repeated_replays_come_from_memory_and_keep_the_contract(store: Arc<dyn Store>) {
+    let switch = Arc::new(SwitchStore::new(store));
+    let app = spawn_app(switch.clone(), |b| b).await;
+    let k = key();
+    let send = |body: &'static str, who: &'static str| {
+        app.post("/orders", &k, body)
+            .header("authorization", who)
+            .send()
+    };
+    let first = send(r#"{"item":"book"}"#, "Bearer alice").await.unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let body = first.text().await.unwrap();
+    let again = send(r#"{"item":"book"}"#, "Bearer alice").await.unwrap();
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+
+    switch.set_down(true);
+    for _ in 0..3 {
+        let kept = send(r#"{"item":"book"}"#, "Bearer alice").await.unwrap();
+        assert_eq!(kept.status(), StatusCode::CREATED);
+        assert_eq!(kept.headers()["idempotent-replayed"], "true");
+        assert!(kept.headers().contains_key("idempotency-key-expires"));
+        assert_eq!(kept.text().await.unwrap(), body);
+    }
+    // Whatever the cache holds, these are the store's to answer.
+    let other_body = send(r#"{"item":"lamp"}"#, "Bearer alice").await.unwrap();
+    problem(
+        other_body,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "store-unavailable",
+    )
+    .await;
+    let other_caller = send(r#"{"item":"book"}"#, "Bearer mallory").await.unwrap();
+    problem(
+        other_caller,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "store-unavailable",
+    )
+    .await;
+    let other_key = app
+        .post("/orders", &key(), r#"{"item":"book"}"#)
+        .header("authorization", "Bearer alice")
+        .send()
+        .await
+        .unwrap();
+    problem(
+        other_key,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "store-unavailable",
+    )
+    .await;
+
+    switch.set_down(false);
+    let other_body = send(r#"{"item":"lamp"}"#, "Bearer alice").await.unwrap();
+    problem(other_body, StatusCode::UNPROCESSABLE_ENTITY, "key-reused").await;
+    let other_caller = send(r#"{"item":"book"}"#, "Bearer mallory").await.unwrap();
+    assert_eq!(other_caller.status(), StatusCode::CREATED);
+    assert!(other_caller.headers().get("idempotent-replayed").is_none());
+    assert_eq!(app.executions(), 2, "alice once, mallory once");
+}
+
+/// With the cache off, a replay needs the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_replay_cache_every_replay_reads_the_store() {
+    let switch = Arc::new(SwitchStore::new(Arc::new(idem_core::MemoryStore::new())));
+    let app = spawn_app(switch.clone(), |b| b.replay_cache(0)).await;
+    let k = key();
+    for _ in 0..2 {
+        let r = app.post("/orders", &k, "{}").send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::CREATED);
+    }
+    switch.set_down(true);
+    let r = app.post("/orders", &k, "{}").send().await.unwrap();
+    problem(r, StatusCode::SERVICE_UNAVAILABLE, "store-unavailable").await;
+}
+
 macro_rules! per_store {
     ($store:ident: $($test:ident),* $(,)?) => {
         mod $store {
@@ -412,6 +491,7 @@ macro_rules! every_store {
                 sixty_four_duplicates_in_wait_mode,
                 a_client_that_hangs_up_does_not_cancel_the_handler,
                 optional_routes_pass_keyless_requests,
+                repeated_replays_come_from_memory_and_keep_the_contract,
             );
         )*
     };
@@ -421,7 +501,7 @@ every_store!(memory, sqlite, postgres, redis);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_that_is_down_gives_503_and_runs_nothing() {
-    let app = spawn_app(Arc::new(DownStore), |b| b).await;
+    let app = spawn_app(Arc::new(SwitchStore::down()), |b| b).await;
     let resp = app.post("/orders", &key(), "{}").send().await.unwrap();
     assert_eq!(resp.headers()["retry-after"], "1");
     problem(resp, StatusCode::SERVICE_UNAVAILABLE, "store-unavailable").await;

@@ -133,6 +133,12 @@ pub(crate) struct ServeArgs {
     /// answers still reach the client; a retry is told to read the record.
     #[arg(long, env = "IDEM_MAX_RESPONSE")]
     pub(crate) max_response: Option<String>,
+    /// Memory for records replayed before, so that a key retried again is
+    /// answered without the store [default: 16MiB; 0 turns it off]. Safe
+    /// with gateways sharing a store: a finished record never changes
+    /// until it expires.
+    #[arg(long, env = "IDEM_REPLAY_CACHE")]
+    pub(crate) replay_cache: Option<String>,
     /// How long a client may take to send its request headers; also how
     /// long an idle connection is kept [default: 10s].
     #[arg(long, env = "IDEM_HEADER_TIMEOUT")]

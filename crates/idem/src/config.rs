@@ -35,6 +35,7 @@ pub(crate) struct FileConfig {
     anonymous_reads: Option<bool>,
     trust_forwarded: Option<bool>,
     max_response: Option<String>,
+    replay_cache: Option<String>,
     header_timeout: Option<String>,
     body_timeout: Option<String>,
     max_connections: Option<usize>,
@@ -95,6 +96,7 @@ pub(crate) struct GatewayConfig {
     pub(crate) anonymous_reads: bool,
     pub(crate) trust_forwarded: bool,
     pub(crate) max_response: usize,
+    pub(crate) replay_cache: usize,
     pub(crate) header_timeout: Duration,
     pub(crate) body_timeout: Duration,
     pub(crate) max_connections: usize,
@@ -220,6 +222,11 @@ impl GatewayConfig {
             "max-body",
             1 << 20,
         )?;
+        let replay_cache = bounded_size(
+            pick(&args.replay_cache, &file.replay_cache).as_ref(),
+            "replay-cache",
+            idem_http::DEFAULT_REPLAY_CACHE,
+        )?;
         let max_response = bounded_size(
             pick(&args.max_response, &file.max_response).as_ref(),
             "max-response",
@@ -336,6 +343,7 @@ impl GatewayConfig {
             anonymous_reads: args.anonymous_reads || file.anonymous_reads.unwrap_or(false),
             trust_forwarded: args.trust_forwarded || file.trust_forwarded.unwrap_or(false),
             max_response,
+            replay_cache,
             header_timeout: bounded_duration(
                 pick(&args.header_timeout, &file.header_timeout).as_ref(),
                 "header-timeout",

@@ -19,6 +19,12 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+/// mimalloc instead of glibc's malloc: the request path allocates and
+/// frees many small buffers across worker threads, and glibc's malloc and
+/// free were about a tenth of the gateway's CPU (BENCHMARKS.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = match cli::Cli::try_parse() {
         Ok(cli) => cli,

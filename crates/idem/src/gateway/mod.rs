@@ -53,6 +53,7 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
         .body_limit(cfg.max_body)
         .body_timeout(cfg.body_timeout)
         .response_limit(cfg.max_response)
+        .replay_cache(cfg.replay_cache)
         .store_timeout(cfg.store_timeout)
         // The upstream may still commit what the gateway gave up on.
         .hold_unknown_outcomes(true);

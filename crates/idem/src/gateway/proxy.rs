@@ -33,9 +33,12 @@ use std::future::Future as _;
 use tokio::time::{Instant, Sleep};
 use tower::Service;
 
-/// Forwards requests to one upstream.
+/// Forwards requests to one upstream. Cheap to clone (the service is
+/// cloned for every request).
 #[derive(Clone)]
-pub(crate) struct Proxy {
+pub(crate) struct Proxy(Arc<Forwarder>);
+
+struct Forwarder {
     client: Client<HttpConnector, Body>,
     upstream: Uri,
     timeout: Duration,
@@ -55,7 +58,7 @@ impl Proxy {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(timeout.min(Duration::from_secs(5))));
-        Proxy {
+        Proxy(Arc::new(Forwarder {
             client: Client::builder(TokioExecutor::new())
                 .pool_idle_timeout(Duration::from_secs(60))
                 .build(connector),
@@ -72,7 +75,7 @@ impl Proxy {
             .into_iter()
             .chain(scope_headers.iter().cloned())
             .collect(),
-        }
+        }))
     }
 }
 
@@ -224,7 +227,7 @@ fn problem(status: StatusCode, kind: &str, title: &'static str, detail: &str) ->
     idem_http::Problem::idem(status, kind, title, detail).into_response()
 }
 
-impl Proxy {
+impl Forwarder {
     fn target(&self, uri: &Uri) -> Option<Uri> {
         let base = self.upstream.path().trim_end_matches('/');
         let rest = uri.path_and_query().map_or("/", |p| p.as_str());
@@ -236,7 +239,7 @@ impl Proxy {
             .ok()
     }
 
-    async fn forward(self, req: Request<Body>) -> Response<Body> {
+    async fn forward(&self, req: Request<Body>) -> Response<Body> {
         let (mut parts, body) = req.into_parts();
         let Some(target) = self.target(&parts.uri) else {
             return problem(
@@ -323,7 +326,7 @@ impl Service<Request<Body>> for Proxy {
     }
 
     fn call(&mut self, req: Request<Body>) -> Self::Future {
-        let this = self.clone();
-        Box::pin(async move { Ok(this.forward(req).await) })
+        let forwarder = self.0.clone();
+        Box::pin(async move { Ok(forwarder.forward(req).await) })
     }
 }
