@@ -29,6 +29,10 @@ const RECONCILE_BATCH: usize = 100;
 /// one store call, so traffic is never blocked for long, and each under
 /// `batch_timeout`); answers how many.
 ///
+/// `cutoff` must not be later than now: a record whose expiry falls
+/// between now and a future cutoff is still live, and deleting it lets its
+/// next retry execute again.
+///
 /// # Errors
 /// The first [`StoreError`] (a batch past its deadline counts as
 /// unavailable); what was purged before it stays purged.

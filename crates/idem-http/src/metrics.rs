@@ -102,8 +102,14 @@ pub(crate) struct InProgress {
 
 impl InProgress {
     pub(crate) fn begin(&self) -> u64 {
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
-        self.lock().insert(id, Instant::now());
+        let id = {
+            // The id is taken under the lock, so ids and start times grow
+            // together and the first entry is the oldest.
+            let mut started = self.lock();
+            let id = self.next.fetch_add(1, Ordering::Relaxed);
+            started.insert(id, Instant::now());
+            id
+        };
         self.report();
         id
     }
@@ -119,9 +125,8 @@ impl InProgress {
         let started = self.lock();
         metrics::gauge!(IN_PROGRESS).set(started.len() as f64);
         let oldest = started
-            .values()
-            .min()
-            .map_or(0.0, |t| t.elapsed().as_secs_f64());
+            .first_key_value()
+            .map_or(0.0, |(_, t)| t.elapsed().as_secs_f64());
         metrics::gauge!(OLDEST).set(oldest);
     }
 

@@ -17,10 +17,12 @@
 //!   (`EVALSHA`); after a `SCRIPT FLUSH` or a server restart the first call
 //!   gets `NOSCRIPT` and the script is loaded again, transparently.
 //! - A record is a hash at `PREFIX:r:LEN:SCOPE:LEN:OPERATION:KEY`; its Redis
-//!   TTL is set to the record's `expires_at` (`PEXPIREAT`), so Redis forgets
-//!   expired records by itself. The scripts also compare `expires_at` with
-//!   the caller's `now`, so logical expiry is exact whatever Redis's clock
-//!   says. [`Store::purge_expired`] removes records that are logically
+//!   TTL is set to the record's `expires_at` plus [`EXPIRY_MARGIN`]
+//!   (`PEXPIREAT`), so Redis forgets expired records by itself, and a Redis
+//!   clock up to that margin ahead of the callers' never drops a live
+//!   record (whose retry would then execute again). The scripts compare
+//!   `expires_at` with the caller's `now`, so logical expiry is exact
+//!   whatever Redis's clock says. [`Store::purge_expired`] removes records that are logically
 //!   expired but not yet dropped by Redis, in bounded `SCAN` batches.
 //! - In-progress records are indexed in a sorted set by lease end
 //!   (`PREFIX:in-progress`), for [`Store::list_stale`].
@@ -53,6 +55,11 @@
 //!   a power loss can drop the last second of completions; with no AOF at
 //!   all, a restart forgets every record. Run with `appendonly yes` and
 //!   `appendfsync always` for the contract's durability, at a price.
+//! - **No eviction.** Every record has a TTL, so the `volatile-*` and
+//!   `allkeys-*` `maxmemory-policy` settings may evict live records, and
+//!   the next claim of an evicted key executes again. Run the server with
+//!   `maxmemory-policy noeviction`: a full Redis then refuses writes, which
+//!   the store reports as unavailable (503, fail closed).
 //! - **No Redis Cluster.** A claim touches the record and the fence counter,
 //!   which would live in different slots.
 //!
@@ -74,6 +81,13 @@ mod scripts;
 
 pub use builder::RedisStoreBuilder;
 use error::redis_error;
+
+/// How long after a record's `expires_at` Redis may drop its keys: a Redis
+/// clock up to this far ahead of the callers' never loses a live record.
+/// Records past `expires_at` but not yet dropped count as expired (the
+/// scripts compare with the caller's time) and are removed by
+/// [`Store::purge_expired`].
+pub const EXPIRY_MARGIN: std::time::Duration = std::time::Duration::from_secs(10 * 60);
 use scripts::{Keys, Scripts};
 
 /// The Redis store. Clones share one multiplexed connection.
@@ -229,6 +243,7 @@ impl Store for RedisStore {
                 .arg(lease_until.as_millis())
                 .arg(expires_at.as_millis())
                 .arg(req.id.operation.as_str())
+                .arg((expires_at + EXPIRY_MARGIN).as_millis())
                 .invoke_async(&mut conn)
                 .await
                 .map_err(|e| redis_error("claiming", e))?;

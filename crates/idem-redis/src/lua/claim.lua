@@ -1,6 +1,8 @@
 -- KEYS[1] record, KEYS[2] fence counter, KEYS[3] in-progress index (zset by lease end),
 -- KEYS[4] the (scope, key) index (zset: operation by created_at)
--- ARGV: fingerprint, now, lease_until, expires_at (milliseconds), operation
+-- ARGV: fingerprint, now, lease_until, expires_at (milliseconds), operation,
+--       drop_at (when Redis may drop the keys: expires_at plus a margin for
+--       a Redis clock that runs ahead of the callers')
 -- Reply: {outcome, fence, created_at, lease_until, expires_at, status,
 --         resource_id, response_status, response_headers, response_body}
 -- outcome: 0 acquired, 1 in flight, 2 replay, 3 mismatch, 4 takeover
@@ -23,13 +25,13 @@ end
 local f = redis.call('INCR', KEYS[2])
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'fp', ARGV[1], 'st', '0', 'fence', f, 'ca', ARGV[2], 'lu', ARGV[3], 'ea', ARGV[4])
-redis.call('PEXPIREAT', KEYS[1], ARGV[4])
+redis.call('PEXPIREAT', KEYS[1], ARGV[6])
 redis.call('ZADD', KEYS[3], ARGV[3], KEYS[1])
 -- The (scope, key) index lives at least as long as its longest-lived record.
 -- GT alone never sets a TTL on a key without one (it counts as infinite), so
 -- NX covers a new index.
 redis.call('ZADD', KEYS[4], ARGV[2], ARGV[5])
-if redis.call('PEXPIREAT', KEYS[4], ARGV[4], 'GT') == 0 then
-  redis.call('PEXPIREAT', KEYS[4], ARGV[4], 'NX')
+if redis.call('PEXPIREAT', KEYS[4], ARGV[6], 'GT') == 0 then
+  redis.call('PEXPIREAT', KEYS[4], ARGV[6], 'NX')
 end
 return {taken, f, ARGV[2], ARGV[3], ARGV[4], '0', '', '', '', ''}
