@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::{FutureExt, StreamExt};
@@ -15,6 +15,7 @@ use idem_core::{
     BoxFuture, Claim, ClaimRequest, Completion, Concurrency, Disposition, Fingerprint, Key, Lease,
     Record, RecordId, Settled, Status, StoreError, StoredResponse, Timestamp,
 };
+use tracing::Instrument;
 
 use crate::body::{Body, BoxError, boxed, full};
 use crate::context::IdempotencyContext;
@@ -82,13 +83,13 @@ where
     };
 
     // The key.
-    let mut values = parts.headers.get_all(IDEMPOTENCY_KEY).iter();
+    let mut values = parts.headers.get_all(&shared.key_header).iter();
     let raw = match (values.next(), values.next()) {
         (None, _) if rule.key == KeyRequirement::Optional => {
             return pass(inner, parts, body).await;
         }
-        (None, _) => return Ok(reject(Rejection::MissingKey)),
-        (Some(_), Some(_)) => return Ok(reject(Rejection::RepeatedKey)),
+        (None, _) => return Ok(shared.reject_key_header(Rejection::MissingKey)),
+        (Some(_), Some(_)) => return Ok(shared.reject_key_header(Rejection::RepeatedKey)),
         (Some(v), None) => v.clone(),
     };
     let key = match parse_key(&shared, &raw, &parts.headers) {
@@ -104,11 +105,14 @@ where
     };
     let id = RecordId::new(scope, rule.operation(&parts.method), key);
 
+    // From here on the request is keyed: it ends with one debug event.
+    let started = Instant::now();
+
     // The body, bounded in size and time.
     let limit = rule.body_limit.unwrap_or(shared.body_limit);
     let bytes = match read_body(body, &parts.headers, limit, shared.body_timeout).await {
         Ok(b) => b,
-        Err(r) => return Ok(reject_and_close(r)),
+        Err(r) => return Ok(ended(&id, started, r.outcome(), reject_and_close(r))),
     };
     let content_type = parts
         .headers
@@ -123,7 +127,7 @@ where
 
     let lease = match claim_or_wait(&shared, &rule, &id, fingerprint, &legacy).await {
         Ok(lease) => lease,
-        Err(response) => return Ok(response),
+        Err((outcome, response)) => return Ok(ended(&id, started, outcome, response)),
     };
     tracing::debug!(key = %id.key.log_id(), fence = lease.fence.get(), takeover = lease.takeover, "executing");
 
@@ -133,15 +137,53 @@ where
     let mut request = Request::from_parts(parts, full(bytes));
     request.extensions_mut().insert(ctx.clone());
     let call = inner(request);
+    // The task runs in the caller's span, so that a span of the stack
+    // around this layer (a TraceLayer, OpenTelemetry) covers the handler.
     let task = shared
         .tracker
-        .spawn(execute(shared.clone(), call, ctx, rule, lease));
-    match task.await {
-        Ok(result) => result,
+        .spawn(execute(shared.clone(), call, ctx, rule, lease).in_current_span());
+    let (outcome, result) = match task.await {
+        Ok(ended) => ended,
         // Only our own code can panic here (the handler's panics are caught
         // inside); the claim is left to its lease.
-        Err(_) => Ok(reject(Rejection::HandlerFailed)),
-    }
+        Err(_) => (Outcome::Released, Ok(reject(Rejection::HandlerFailed))),
+    };
+    log_end(
+        &id,
+        started,
+        outcome,
+        result.as_ref().ok().map(Response::status),
+    );
+    result
+}
+
+/// How a keyed request ended: the outcome it was counted under in
+/// `idem_requests_total`, and its answer.
+type Ended<T> = (Outcome, T);
+
+/// The one event per keyed request, at debug: its operation (method and
+/// route), outcome, status (none when the inner service failed) and
+/// duration. The key appears only as its short hash.
+fn log_end(id: &RecordId, started: Instant, outcome: Outcome, status: Option<StatusCode>) {
+    tracing::debug!(
+        operation = id.operation.as_str(),
+        key = %id.key.log_id(),
+        outcome = %outcome.as_str(),
+        status = status.map(|s| s.as_u16()),
+        duration_ms = started.elapsed().as_micros() as f64 / 1000.0,
+        "request finished"
+    );
+}
+
+/// Logs the end of a keyed request answered with `response`; returns it.
+fn ended(
+    id: &RecordId,
+    started: Instant,
+    outcome: Outcome,
+    response: Response<Body>,
+) -> Response<Body> {
+    log_end(id, started, outcome, Some(response.status()));
+    response
 }
 
 fn parse_key(
@@ -245,14 +287,15 @@ where
 }
 
 /// Claims the key; in wait mode, waits for an in-flight first request.
-/// `Ok` is a lease to execute with; `Err` is the response to send.
+/// `Ok` is a lease to execute with; `Err` is the response to send, with
+/// its outcome.
 async fn claim_or_wait(
     shared: &Shared,
     rule: &RouteRule,
     id: &RecordId,
     fingerprint: Fingerprint,
     legacy: &(dyn Fn() -> Fingerprint + Sync),
-) -> Result<Lease, Response<Body>> {
+) -> Result<Lease, Ended<Response<Body>>> {
     let policy = &rule.policy;
     let deadline = match policy.concurrency() {
         Concurrency::Wait { limit } => Some(tokio::time::Instant::now() + limit),
@@ -266,7 +309,7 @@ async fn claim_or_wait(
     {
         count(Outcome::Replayed);
         ::metrics::counter!(metrics::REPLAY_CACHE_HITS).increment(1);
-        return Err(replay(&kept.response, kept.expires_at));
+        return Err((Outcome::Replayed, replay(&kept.response, kept.expires_at)));
     }
     let mut backoff = Duration::from_millis(50);
     loop {
@@ -290,9 +333,10 @@ async fn claim_or_wait(
         };
         let unavailable = |e: StoreError| {
             tracing::warn!(key = %id.key.log_id(), error = %e, "store unavailable; refusing to execute");
-            reject(Rejection::StoreUnavailable {
+            let r = Rejection::StoreUnavailable {
                 retry_after: shared.unavailable_retry_after,
-            })
+            };
+            (r.outcome(), reject(r))
         };
         let mut claim = store_call(shared, "claim", shared.store.claim(&req))
             .await
@@ -315,26 +359,30 @@ async fn claim_or_wait(
                 return Ok(lease);
             }
             Claim::Mismatch { expires_at } => {
-                return Err(reject_keyed(Rejection::Mismatch, expires_at));
+                return Err((
+                    Outcome::Mismatch,
+                    reject_keyed(Rejection::Mismatch, expires_at),
+                ));
             }
             Claim::Replay(record) => {
                 count(Outcome::Replayed);
                 if let Some(cache) = &shared.replays {
                     cache.keep(&record);
                 }
-                return Err(match &record.response {
-                    Some(stored) => replay(stored, record.expires_at),
-                    None => Rejection::HandlerFailed.into_response(),
-                });
+                return Err((
+                    Outcome::Replayed,
+                    match &record.response {
+                        Some(stored) => replay(stored, record.expires_at),
+                        None => Rejection::HandlerFailed.into_response(),
+                    },
+                ));
             }
             Claim::InFlight { expires_at, .. } => {
                 let in_flight = || {
-                    reject_keyed(
-                        Rejection::InFlight {
-                            retry_after: shared.in_flight_retry_after,
-                        },
-                        expires_at,
-                    )
+                    let r = Rejection::InFlight {
+                        retry_after: shared.in_flight_retry_after,
+                    };
+                    (r.outcome(), reject_keyed(r, expires_at))
                 };
                 let (Some(deadline), Some(notified)) = (deadline, notified) else {
                     return Err(in_flight());
@@ -368,14 +416,15 @@ fn legacy_claim(record: Record, legacy: &(dyn Fn() -> Fingerprint + Sync)) -> Op
     })
 }
 
-/// Runs the handler's future to the end and settles the record.
+/// Runs the handler's future to the end and settles the record; returns
+/// the answer with its outcome.
 async fn execute<E>(
     shared: Arc<Shared>,
     call: BoxFuture<'static, Result<Response<Body>, E>>,
     ctx: IdempotencyContext,
     rule: RouteRule,
     lease: Lease,
-) -> Result<Response<Body>, E> {
+) -> Ended<Result<Response<Body>, E>> {
     let token = shared.in_progress.begin();
     let id = ctx.id().clone();
     let outcome = tokio::select! {
@@ -385,16 +434,21 @@ async fn execute<E>(
     };
     let response = match outcome {
         None if shared.hold_unknown_outcomes => {
-            return Ok(hold(&shared, &id, lease, token, Rejection::ShuttingDown));
+            let held = hold(&shared, &id, lease, token, Rejection::ShuttingDown);
+            return (Outcome::Held, Ok(held));
         }
-        None => return Ok(abandon(&shared, &id, lease, token, Rejection::ShuttingDown).await),
+        None => {
+            let abandoned = abandon(&shared, &id, lease, token, Rejection::ShuttingDown).await;
+            return (Outcome::Released, Ok(abandoned));
+        }
         Some(Err(_panic)) => {
             tracing::error!(key = %id.key.log_id(), "handler panicked; claim released");
-            return Ok(abandon(&shared, &id, lease, token, Rejection::HandlerFailed).await);
+            let abandoned = abandon(&shared, &id, lease, token, Rejection::HandlerFailed).await;
+            return (Outcome::Released, Ok(abandoned));
         }
         Some(Ok(Err(e))) => {
             settle_release(&shared, &id, lease, token).await;
-            return Err(e);
+            return (Outcome::Released, Err(e));
         }
         Some(Ok(Ok(response))) => response,
     };
@@ -403,7 +457,7 @@ async fn execute<E>(
         tracing::warn!(key = %id.key.log_id(), "outcome unknown; the claim is held until its lease ends");
         set_expires(&mut parts.headers, lease.expires_at);
         finish(&shared, &id, token, Outcome::Held);
-        return Ok(Response::from_parts(parts, body));
+        return (Outcome::Held, Ok(Response::from_parts(parts, body)));
     }
     let body = match read_response(body, shared.response_limit).await {
         ResponseBody::Whole(bytes) => bytes,
@@ -429,15 +483,17 @@ async fn execute<E>(
             };
             finish(&shared, &id, token, outcome);
             set_expires(&mut parts.headers, lease.expires_at);
-            return Ok(Response::from_parts(parts, streamed));
+            return (outcome, Ok(Response::from_parts(parts, streamed)));
         }
         ResponseBody::Failed if shared.hold_unknown_outcomes => {
             tracing::error!(key = %id.key.log_id(), "response body failed; the claim is held until its lease ends");
-            return Ok(hold(&shared, &id, lease, token, Rejection::OutcomeUnknown));
+            let held = hold(&shared, &id, lease, token, Rejection::OutcomeUnknown);
+            return (Outcome::Held, Ok(held));
         }
         ResponseBody::Failed => {
             tracing::error!(key = %id.key.log_id(), "handler's response body failed; claim released");
-            return Ok(abandon(&shared, &id, lease, token, Rejection::HandlerFailed).await);
+            let abandoned = abandon(&shared, &id, lease, token, Rejection::HandlerFailed).await;
+            return (Outcome::Released, Ok(abandoned));
         }
     };
 
@@ -458,7 +514,7 @@ async fn execute<E>(
     };
     finish(&shared, &id, token, outcome);
     set_expires(&mut parts.headers, lease.expires_at);
-    Ok(Response::from_parts(parts, full(body)))
+    (outcome, Ok(Response::from_parts(parts, full(body))))
 }
 
 fn finish(shared: &Shared, id: &RecordId, token: u64, outcome: Outcome) {

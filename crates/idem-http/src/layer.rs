@@ -3,13 +3,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::Method;
+use http::{HeaderName, Method, Response};
 use idem_core::{KeyPolicy, Policy, Store};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::Layer;
 
-use crate::metrics::InProgress;
+use crate::body::Body;
+use crate::flow::IDEMPOTENCY_KEY;
+use crate::metrics::{InProgress, count};
+use crate::rejection::Rejection;
 use crate::replay_cache::ReplayCache;
 use crate::rule::{KeyRequirement, RouteRule, ScopeSource};
 use crate::service::Idempotency;
@@ -22,6 +25,8 @@ pub(crate) struct Shared {
     pub(crate) default_methods: Vec<Method>,
     pub(crate) default_key: KeyRequirement,
     pub(crate) default_policy: Policy,
+    /// The request header that carries the key.
+    pub(crate) key_header: HeaderName,
     pub(crate) key_policy: KeyPolicy,
     pub(crate) scope: ScopeSource,
     pub(crate) body_limit: usize,
@@ -53,6 +58,15 @@ impl Shared {
                 .key(self.default_key)
                 .policy(self.default_policy.clone())
         })
+    }
+
+    /// The 400 for a request whose key header is missing or repeated,
+    /// counted like every rejection; its detail names the configured
+    /// header, so a client of an API with another header name is told
+    /// which one to send.
+    pub(crate) fn reject_key_header(&self, r: Rejection) -> Response<Body> {
+        count(r.outcome());
+        r.problem_naming(&self.key_header).into_response()
     }
 }
 
@@ -136,6 +150,7 @@ impl IdempotencyLayerBuilder {
                 default_methods: vec![Method::POST, Method::PATCH],
                 default_key: KeyRequirement::Required,
                 default_policy: Policy::default(),
+                key_header: IDEMPOTENCY_KEY,
                 key_policy: KeyPolicy::default(),
                 scope: ScopeSource::default(),
                 body_limit: 1024 * 1024,
@@ -180,6 +195,24 @@ impl IdempotencyLayerBuilder {
     /// The default rule's policy. Default [`Policy::default`].
     pub fn default_policy(mut self, policy: Policy) -> Self {
         self.shared.default_policy = policy;
+        self
+    }
+
+    /// The request header that carries the key. Default
+    /// [`Idempotency-Key`](crate::IDEMPOTENCY_KEY); name another for an API
+    /// whose clients already send their keys under another name. Only this
+    /// header is read: with another name, an `Idempotency-Key` header is an
+    /// ordinary header, forwarded and never deduplicated on. Missing or
+    /// repeated on a route that needs a key: 400, whose detail names this
+    /// header. Responses keep the contract's `Idempotency-Key-Expires` and
+    /// `Idempotent-Replayed`.
+    ///
+    /// Pick a header that reaches the layer as the client sent it and
+    /// that no proxy in front rewrites or strips: not a hop-by-hop header,
+    /// not `Authorization` (the key would be the credential, and is
+    /// refused as such), and not a scope header.
+    pub fn key_header(mut self, name: HeaderName) -> Self {
+        self.shared.key_header = name;
         self
     }
 
@@ -258,7 +291,6 @@ impl IdempotencyLayerBuilder {
         self
     }
 
-    /// The layer.
     /// Keep finished records that were replayed, up to `bytes` in all, so
     /// that a key retried again is answered without the store. Safe with
     /// instances sharing a store: a finished record does not change until

@@ -3,10 +3,11 @@
 
 use std::time::Duration;
 
-use http::{Response, StatusCode};
+use http::{HeaderName, Response, StatusCode};
 use idem_core::KeyError;
 
 use crate::body::Body;
+use crate::flow::IDEMPOTENCY_KEY;
 use crate::metrics::Outcome;
 use crate::problem::Problem;
 use crate::rule::ScopeError;
@@ -17,7 +18,8 @@ use crate::rule::ScopeError;
 pub enum Rejection {
     /// 400: the route needs a key and the request has none.
     MissingKey,
-    /// 400: more than one `Idempotency-Key` header.
+    /// 400: more than one key header (`Idempotency-Key` unless the layer
+    /// names another).
     RepeatedKey,
     /// 400: the key is malformed, too short or long, or secret-shaped.
     InvalidKey(KeyError),
@@ -57,8 +59,19 @@ pub enum Rejection {
 
 impl Rejection {
     /// The problem document: the one table of statuses, types, titles and
-    /// details.
+    /// details. A missing or repeated key is described with the standard
+    /// `Idempotency-Key` header; a layer configured with another header
+    /// names that one.
     pub fn problem(&self) -> Problem {
+        self.problem_naming(&IDEMPOTENCY_KEY)
+    }
+
+    /// The problem document, with `key_header` as the header a missing or
+    /// repeated key belongs in. Titles stay the same whatever the header
+    /// (RFC 9457: one title per problem type; "Idempotency-Key" there
+    /// names the concept); only the details, which tell the client what
+    /// to send, name the header.
+    pub(crate) fn problem_naming(&self, key_header: &HeaderName) -> Problem {
         use StatusCode as S;
         let p = |status, kind: &str, title: &'static str, detail: String| {
             Problem::idem(status, kind, title, detail)
@@ -68,13 +81,16 @@ impl Rejection {
                 S::BAD_REQUEST,
                 "missing-key",
                 "Idempotency-Key required",
-                "This operation needs an Idempotency-Key header: one random value (a UUID) per intent, sent unchanged on every retry.".into(),
+                format!(
+                    "This operation needs the {} header: one random value (a UUID) per intent, sent unchanged on every retry.",
+                    display_name(key_header)
+                ),
             ),
             Rejection::RepeatedKey => p(
                 S::BAD_REQUEST,
                 "repeated-key",
                 "More than one Idempotency-Key",
-                "Send exactly one Idempotency-Key header.".into(),
+                format!("Send exactly one {} header.", display_name(key_header)),
             ),
             Rejection::InvalidKey(e) => p(
                 S::BAD_REQUEST,
@@ -182,5 +198,56 @@ impl Rejection {
     /// The problem+json response.
     pub fn into_response(self) -> Response<Body> {
         self.problem().into_response()
+    }
+}
+
+/// A header name as documents write it: `x-request-key` as
+/// `X-Request-Key`, `idempotency-key` as `Idempotency-Key` (header names
+/// are case-insensitive; `HeaderName` keeps them in lower case).
+fn display_name(name: &HeaderName) -> String {
+    name.as_str()
+        .split('-')
+        .map(|word| {
+            let mut chars = word.chars();
+            match chars.next() {
+                Some(first) => first.to_ascii_uppercase().to_string() + chars.as_str(),
+                None => String::new(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("-")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_header_problems_name_the_configured_header() {
+        let detail = |r: Rejection, h: &'static str| {
+            r.problem_naming(&HeaderName::from_static(h))
+                .detail()
+                .to_owned()
+        };
+        assert!(
+            detail(Rejection::MissingKey, "x-request-key").contains("the X-Request-Key header")
+        );
+        assert!(
+            detail(Rejection::RepeatedKey, "x-request-key").contains("one X-Request-Key header")
+        );
+        assert!(
+            Rejection::MissingKey
+                .problem()
+                .detail()
+                .contains("the Idempotency-Key header")
+        );
+        assert_eq!(
+            Rejection::MissingKey
+                .problem_naming(&HeaderName::from_static("x-request-key"))
+                .title(),
+            Rejection::MissingKey.problem().title(),
+            "one title per problem type"
+        );
+        assert_eq!(display_name(&HeaderName::from_static("a--b-")), "A--B-");
     }
 }

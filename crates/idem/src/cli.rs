@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::logging::LogFormat;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "idem",
@@ -14,12 +16,34 @@ use clap::{Args, Parser, Subcommand};
 pub(crate) struct Cli {
     #[command(subcommand)]
     pub(crate) command: Command,
+    /// What to log: a level (error, warn, info, debug, trace, off) or a
+    /// filter such as warn,idem_http=debug. Wins over RUST_LOG
+    /// [default: RUST_LOG, else info]. Logs go to stderr.
+    #[arg(long, global = true, value_name = "LEVEL_OR_FILTER")]
+    pub(crate) log_level: Option<String>,
+    /// How logs are written: text lines, or one JSON object per line.
+    #[arg(
+        long,
+        global = true,
+        env = "IDEM_LOG_FORMAT",
+        value_enum,
+        default_value_t = LogFormat::Text
+    )]
+    pub(crate) log_format: LogFormat,
 }
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
     /// Run the gateway in front of an HTTP service.
     Serve(Box<ServeArgs>),
+    /// Check the gateway's settings without starting it, and print the effective ones.
+    ///
+    /// Flags, environment and the --config file are checked together, as
+    /// idem serve checks them, without binding a port, opening the store
+    /// or contacting the upstream. Exit 0 when valid; otherwise one line
+    /// per problem on stderr, exit 2.
+    #[command(after_long_help = CHECK_CONFIG_HELP)]
+    CheckConfig(Box<ServeArgs>),
     /// Run the whole system under injected faults and check one effect per intent.
     Demo(DemoArgs),
     /// Inspect or purge idempotency records.
@@ -32,6 +56,10 @@ Idempotency-Key policy:
   Which requests:  POST and PATCH need an Idempotency-Key header by default
                    (400 without one); other methods pass through. [[route]]
                    rules in --config change this per method and path.
+  Header name:     Idempotency-Key, or the one --key-header names (then only
+                   that header is read; Idempotency-Key is forwarded as any
+                   other header). Responses keep Idempotency-Key-Expires and
+                   Idempotent-Replayed whatever the name.
   The key:         an RFC 8941 string (\"...\") or a bare value, 16 to 255
                    printable ASCII characters (--min-key-len), never the
                    request's credential and never a JWT. One key names one
@@ -60,7 +88,8 @@ Idempotency-Key policy:
   Expiry:          every keyed response carries Idempotency-Key-Expires; after
                    it the key is forgotten and a retry would be forwarded again.
   Store down:      503 with Retry-After; nothing is forwarded without a claim.
-  Exactly once:    the gateway forwards Idempotency-Key so the upstream can
+  Exactly once:    the gateway forwards the key header unchanged (a client
+                   cannot strip it with Connection) so the upstream can
                    deduplicate too. If the upstream commits and the gateway
                    dies before storing the answer, a retry after the lease is
                    forwarded again: only the library's atomic mode, inside
@@ -70,13 +99,28 @@ Read your own record: GET /_idem/records/KEY with the same credential (or
 scope headers); add ?method=POST&path=/transfers/7 to pick one operation
 when the key was used on several. Records of the anonymous scope are not
 served there unless --anonymous-reads.
-Admin listener: /metrics (Prometheus), /healthz, /readyz.";
+Admin listener: /metrics (Prometheus), /healthz, /readyz.
+Check the settings first without starting: idem check-config (same flags).
+Exit codes: 0 stopped cleanly; 1 runtime failure (store unreachable, port
+in use); 2 usage or configuration error.";
+
+const CHECK_CONFIG_HELP: &str = "\
+Takes the same flags and environment variables as idem serve. Checks
+everything idem serve checks before it starts: every setting's syntax and
+bounds, the store URL's form, the routes, and how the settings fit together
+(the lease against the timeouts). It does not bind the listen addresses,
+open the store or contact the upstream: a setting can pass here and still
+fail at start (a port in use, a store that is down).
+
+Valid: the effective settings on stdout, in the config file's format
+(passwords in the store and upstream URLs shown as ***), exit 0. Invalid:
+one line per problem on stderr, each naming its setting, exit 2.";
 
 #[derive(Debug, Default, Args)]
 #[command(after_long_help = SERVE_HELP)]
 pub(crate) struct ServeArgs {
     /// The service to protect, e.g. http://127.0.0.1:3000.
-    #[arg(long, env = "IDEM_UPSTREAM")]
+    #[arg(long, env = "IDEM_UPSTREAM", hide_env_values = true)]
     pub(crate) upstream: Option<String>,
     /// Address to accept requests on [default: 127.0.0.1:8080].
     #[arg(long, env = "IDEM_LISTEN")]
@@ -85,7 +129,7 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "IDEM_ADMIN_LISTEN")]
     pub(crate) admin_listen: Option<String>,
     /// memory:, sqlite:PATH, postgres://..., redis://... [default: sqlite:idem.db].
-    #[arg(long, env = "IDEM_STORE")]
+    #[arg(long, env = "IDEM_STORE", hide_env_values = true)]
     pub(crate) store: Option<String>,
     /// A TOML file with these settings and [[route]] rules.
     #[arg(long, env = "IDEM_CONFIG")]
@@ -107,6 +151,12 @@ pub(crate) struct ServeArgs {
     /// Shortest key accepted [default: 16].
     #[arg(long, env = "IDEM_MIN_KEY_LEN")]
     pub(crate) min_key_len: Option<usize>,
+    /// The request header that carries the key, for an API whose clients
+    /// already send theirs under another name, e.g. X-Request-Key
+    /// [default: Idempotency-Key]. Not a hop-by-hop header, Authorization,
+    /// or a scope header.
+    #[arg(long, env = "IDEM_KEY_HEADER", value_name = "NAME")]
+    pub(crate) key_header: Option<String>,
     /// Scope keys by this header (a tenant set by a trusted proxy) instead
     /// of by Authorization. Missing, repeated or empty: 400.
     #[arg(long, env = "IDEM_TENANT_HEADER")]
@@ -171,51 +221,75 @@ pub(crate) struct ServeArgs {
 #[derive(Debug, Args)]
 pub(crate) struct DemoArgs {
     /// Concurrent clients.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, value_parser = at_least_one)]
     pub(crate) clients: usize,
     /// Logical transfers to make.
-    #[arg(long, default_value_t = 3000)]
+    #[arg(long, default_value_t = 3000, value_parser = at_least_one)]
     pub(crate) intents: usize,
     /// Store for the ledger: sqlite:PATH or postgres://... [default: SQLite in a temporary directory].
     #[arg(long)]
     pub(crate) store: Option<String>,
     /// Share of first attempts whose answer is lost after the commit.
-    #[arg(long, default_value_t = 0.2)]
+    #[arg(long, default_value_t = 0.2, value_parser = share)]
     pub(crate) drop_rate: f64,
     /// Share of attempts refused with 503 before reaching the ledger.
-    #[arg(long, default_value_t = 0.1)]
+    #[arg(long, default_value_t = 0.1, value_parser = share)]
     pub(crate) fail_rate: f64,
     /// Share of first attempts answered after the client's timeout.
-    #[arg(long, default_value_t = 0.02)]
+    #[arg(long, default_value_t = 0.02, value_parser = share)]
     pub(crate) slow_rate: f64,
     /// Share of intents sent twice at once.
-    #[arg(long, default_value_t = 0.1)]
+    #[arg(long, default_value_t = 0.1, value_parser = share)]
     pub(crate) duplicate_rate: f64,
     /// Share of intents whose key is then reused with a changed body.
-    #[arg(long, default_value_t = 0.02)]
+    #[arg(long, default_value_t = 0.02, value_parser = share)]
     pub(crate) reuse_rate: f64,
     /// Seed for the fault choices.
     #[arg(long, default_value_t = 42)]
     pub(crate) seed: u64,
 }
 
+/// A share, from 0 to 1 (the demo's fault rates). Refused here, with the
+/// other usage errors, rather than once the demo has started.
+fn share(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err("must be a number between 0 and 1".into()),
+    }
+}
+
+/// A count of at least one.
+fn at_least_one(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err("must be a whole number, at least 1".into()),
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub(crate) enum RecordsCommand {
     /// Show a record.
     Get {
-        /// The Idempotency-Key.
+        /// The key, as the client sent it in its key header.
         key: String,
         /// The store URL.
-        #[arg(long, env = "IDEM_STORE")]
+        #[arg(long, env = "IDEM_STORE", hide_env_values = true)]
         store: String,
         /// The tenant (as --tenant-header would give it). Give it twice,
         /// tenant then principal, for a gateway that has both
         /// --tenant-header and --scope-header.
-        #[arg(long, conflicts_with = "credential")]
+        #[arg(long, conflicts_with = "credential_stdin")]
         tenant: Vec<String>,
-        /// The full Authorization value the client used.
+        /// Read the full Authorization value the client used from standard
+        /// input (one line). Or set it in IDEM_CREDENTIAL. Never on the
+        /// command line, where other users and shell history see it.
         #[arg(long)]
-        credential: Option<String>,
+        credential_stdin: bool,
+        /// Refused: a credential in the arguments is visible to other users
+        /// and kept in shell history. Use IDEM_CREDENTIAL or
+        /// --credential-stdin.
+        #[arg(long, hide = true, num_args = 0..=1, value_name = "REFUSED")]
+        credential: Option<Option<String>>,
         /// The operation's method.
         #[arg(long, default_value = "POST")]
         method: String,
@@ -231,7 +305,7 @@ pub(crate) enum RecordsCommand {
     /// or gateway died mid-request). A running gateway releases them.
     Stale {
         /// The store URL.
-        #[arg(long, env = "IDEM_STORE")]
+        #[arg(long, env = "IDEM_STORE", hide_env_values = true)]
         store: String,
         /// At most this many.
         #[arg(long, default_value_t = 100)]
@@ -240,7 +314,7 @@ pub(crate) enum RecordsCommand {
     /// Delete expired records, in batches.
     Purge {
         /// The store URL.
-        #[arg(long, env = "IDEM_STORE")]
+        #[arg(long, env = "IDEM_STORE", hide_env_values = true)]
         store: String,
         /// Delete records that expired at least this long ago, e.g. 1h [default: 0s].
         #[arg(long)]

@@ -2,12 +2,22 @@
 //! gateway configuration. Flags (and their environment variables) win over
 //! the file, the file over the defaults. Everything after this module sees
 //! only [`GatewayConfig`].
+//!
+//! Validation goes on past a problem: every independent problem is
+//! collected into one [`ConfigError`], one line each, so that `idem
+//! check-config` (and `idem serve`, which refuses to start with the same
+//! lines) shows them all at once. A check that depends on a setting
+//! already refused (the lease against a bad `--upstream-timeout`, a
+//! route's policy inheriting a bad `--ttl`) is skipped rather than
+//! reported twice.
 
+use std::fmt;
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::{Context, bail};
-use http::{HeaderName, Method};
+use anyhow::{Context, anyhow, bail};
+use http::{HeaderName, Method, header};
 use idem_core::{Concurrency, KeyPolicy, Policy};
 use idem_http::{KeyRequirement, RouteRule};
 use serde::Deserialize;
@@ -29,6 +39,7 @@ pub(crate) struct FileConfig {
     wait: Option<String>,
     max_body: Option<String>,
     min_key_len: Option<usize>,
+    key_header: Option<String>,
     tenant_header: Option<String>,
     scope_header: Option<String>,
     require_scope: Option<bool>,
@@ -74,9 +85,21 @@ impl FileConfig {
         FileConfig::parse(&text).with_context(|| format!("invalid config file {}", path.display()))
     }
 
-    /// Parses a config file's text.
+    /// Parses a config file's text. A syntax error is one line: where it
+    /// is and what is wrong (toml's own message spans several lines).
     pub(crate) fn parse(text: &str) -> anyhow::Result<FileConfig> {
-        Ok(toml::from_str(text)?)
+        toml::from_str(text).map_err(|e| {
+            let message = e.message().trim().replace('\n', " ");
+            match e.span() {
+                Some(span) => {
+                    let before = text.get(..span.start).unwrap_or(text);
+                    let line = before.matches('\n').count() + 1;
+                    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+                    anyhow!("line {line}, column {column}: {message}")
+                }
+                None => anyhow!("{message}"),
+            }
+        })
     }
 }
 
@@ -89,9 +112,17 @@ pub(crate) struct GatewayConfig {
     pub(crate) store: StoreUrl,
     pub(crate) default_policy: Policy,
     pub(crate) routes: Vec<RouteRule>,
+    /// What each of `routes` was configured with, for `idem check-config`
+    /// (a [`RouteRule`] does not show its settings).
+    pub(crate) route_settings: Vec<RouteSettings>,
     pub(crate) max_body: usize,
     pub(crate) key_policy: KeyPolicy,
+    /// The request header that carries the key (`Idempotency-Key` by default).
+    pub(crate) key_header: HeaderName,
+    /// `--tenant-header` then `--scope-header`, those given: the scope.
     pub(crate) scope_headers: Vec<HeaderName>,
+    pub(crate) tenant_header: Option<HeaderName>,
+    pub(crate) scope_header: Option<HeaderName>,
     pub(crate) require_scope: bool,
     pub(crate) anonymous_reads: bool,
     pub(crate) trust_forwarded: bool,
@@ -104,6 +135,81 @@ pub(crate) struct GatewayConfig {
     pub(crate) upstream_timeout: Duration,
     pub(crate) shutdown_grace: Duration,
     pub(crate) sweep_interval: Duration,
+}
+
+/// One validated `[[route]]`, as `idem check-config` shows it: its own
+/// settings merged with the defaults it inherits.
+#[derive(Debug, Clone)]
+pub(crate) struct RouteSettings {
+    pub(crate) methods: Vec<Method>,
+    pub(crate) path: String,
+    pub(crate) key: KeyRequirement,
+    pub(crate) policy: Policy,
+    pub(crate) fingerprint_fields: Vec<String>,
+    pub(crate) store_headers: Vec<HeaderName>,
+    /// `None`: the gateway's `--max-body`.
+    pub(crate) max_body: Option<usize>,
+}
+
+/// Why a configuration was refused: every independent problem, one line
+/// each, naming the setting (`--ttl`, `[[route]] #2 (/x)`, ...). Exit 2.
+#[derive(Debug)]
+pub(crate) struct ConfigError {
+    problems: Vec<String>,
+}
+
+impl ConfigError {
+    /// The problems, one line each, in the order the settings are checked.
+    pub(crate) fn problems(&self) -> &[String] {
+        &self.problems
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.problems.join("; "))
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// The problems found so far.
+#[derive(Debug, Default)]
+struct Problems(Vec<String>);
+
+impl Problems {
+    /// Records a problem, on one line.
+    fn add(&mut self, problem: impl fmt::Display) {
+        let text = problem.to_string();
+        self.0
+            .push(text.lines().map(str::trim).collect::<Vec<_>>().join(" "));
+    }
+
+    /// `r`'s value, or `None` with its error (and causes) recorded.
+    fn check<T>(&mut self, r: anyhow::Result<T>) -> Option<T> {
+        match r {
+            Ok(v) => Some(v),
+            Err(e) => {
+                self.add(format!("{e:#}"));
+                None
+            }
+        }
+    }
+
+    /// The configuration if nothing was refused.
+    fn finish<T>(mut self, built: Option<T>) -> Result<T, ConfigError> {
+        match built {
+            Some(v) if self.0.is_empty() => Ok(v),
+            _ => {
+                if self.0.is_empty() {
+                    // Every setting left out was refused with a problem;
+                    // this only guards against a check that forgot to say.
+                    self.add("invalid configuration");
+                }
+                Err(ConfigError { problems: self.0 })
+            }
+        }
+    }
 }
 
 fn policy(
@@ -155,6 +261,21 @@ fn bounded_size(v: Option<&String>, name: &str, default: usize) -> anyhow::Resul
     Ok(n)
 }
 
+/// A count setting: defaulted, within `min..=max`.
+fn bounded_count(
+    v: Option<usize>,
+    name: &str,
+    default: usize,
+    min: usize,
+    max: usize,
+) -> anyhow::Result<usize> {
+    let n = v.unwrap_or(default);
+    if !(min..=max).contains(&n) {
+        bail!("--{name} must be between {min} and {max}, not {n}");
+    }
+    Ok(n)
+}
+
 fn header_name(v: Option<String>, flag: &str) -> anyhow::Result<Option<HeaderName>> {
     v.map(|h| {
         HeaderName::try_from(h.as_str())
@@ -163,220 +284,473 @@ fn header_name(v: Option<String>, flag: &str) -> anyhow::Result<Option<HeaderNam
     .transpose()
 }
 
+/// A listen address: `host:port`, the host an IP address or a name that
+/// binding resolves. Checked without binding.
+fn address(v: Option<String>, name: &str, default: &str) -> anyhow::Result<String> {
+    let a = v.unwrap_or_else(|| default.to_owned());
+    if a.parse::<SocketAddr>().is_ok() {
+        return Ok(a);
+    }
+    match a.rsplit_once(':') {
+        Some((host, port))
+            if !host.is_empty() && !host.contains(':') && port.parse::<u16>().is_ok() =>
+        {
+            Ok(a)
+        }
+        _ => bail!("--{name} must be host:port, such as 127.0.0.1:8080, not {a:?}"),
+    }
+}
+
+/// Headers that end at the next hop: never forwarded, and a proxy may drop
+/// them (the gateway's proxy strips the same ones).
+const HOP_BY_HOP: [&str; 9] = [
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// Headers the gateway writes itself (`Host`, the forwarding headers) or
+/// that describe the body: a key there would not reach the upstream as
+/// the client sent it, or would not name an intent.
+const GATEWAY_OWNED: [&str; 9] = [
+    "host",
+    "forwarded",
+    "x-forwarded-for",
+    "x-forwarded-host",
+    "x-forwarded-proto",
+    "x-real-ip",
+    "content-type",
+    "content-length",
+    "content-encoding",
+];
+
+/// `--key-header`: a header name that reaches the upstream unchanged and
+/// is nothing else: not hop-by-hop, not Authorization, not one the gateway
+/// writes, not a scope header.
+pub(crate) fn key_header(
+    v: Option<String>,
+    scope_headers: &[(&str, HeaderName)],
+) -> anyhow::Result<HeaderName> {
+    let name = match header_name(v, "key-header")? {
+        Some(name) => name,
+        None => idem_http::IDEMPOTENCY_KEY,
+    };
+    if HOP_BY_HOP.contains(&name.as_str()) {
+        bail!(
+            "--key-header {name} is a hop-by-hop header: it is not forwarded, and a proxy may drop it"
+        );
+    }
+    if name == header::AUTHORIZATION {
+        bail!("--key-header cannot be Authorization: a key must never be the credential");
+    }
+    if GATEWAY_OWNED.contains(&name.as_str()) {
+        bail!(
+            "--key-header {name} is a header the gateway rewrites or that describes the body; name one of your own, such as X-Request-Key"
+        );
+    }
+    if let Some((flag, _)) = scope_headers.iter().find(|(_, h)| *h == name) {
+        bail!("--key-header and --{flag} both name {name}: a key cannot be its own scope");
+    }
+    Ok(name)
+}
+
+/// What a route inherits from the gateway's own settings; `None` where
+/// that setting was refused (its problem is already recorded).
+struct Inherited {
+    ttl: Option<Duration>,
+    lease: Option<Duration>,
+    wait: Option<Option<Duration>>,
+    /// Whether the default policy itself is valid.
+    policy_ok: bool,
+    upstream_timeout: Option<Duration>,
+    store_timeout: Option<Duration>,
+}
+
+/// Validates one `[[route]]`; `None` when it has a problem (recorded).
+fn route(
+    r: &FileRoute,
+    index: usize,
+    inherited: &Inherited,
+    p: &mut Problems,
+) -> Option<RouteSettings> {
+    let what = format!("[[route]] #{} ({})", index + 1, r.path);
+    let mut names: Vec<String> = r.methods.clone();
+    names.extend(r.method.clone());
+    if names.is_empty() {
+        p.add(format!("{what}: give `method` or `methods`"));
+    }
+    let mut methods = Vec::new();
+    for m in &names {
+        match Method::from_bytes(m.to_ascii_uppercase().as_bytes()) {
+            Ok(method) => methods.push(method),
+            Err(_) => p.add(format!("{what}: bad method {m:?}")),
+        }
+    }
+    let ttl = p.check(opt_duration(r.ttl.as_ref(), "ttl").with_context(|| what.clone()));
+    let lease = p.check(opt_duration(r.lease.as_ref(), "lease").with_context(|| what.clone()));
+    let wait = p.check(opt_duration(r.wait.as_ref(), "wait").with_context(|| what.clone()));
+
+    // The lease against the deadlines; a lease inherited was checked with
+    // the gateway's own.
+    if let (Some(Some(r_lease)), Some(upstream_timeout), Some(store_timeout)) =
+        (lease, inherited.upstream_timeout, inherited.store_timeout)
+        && upstream_timeout + store_timeout >= r_lease
+    {
+        p.add(format!(
+            "{what}: lease ({r_lease:?}) must be longer than --upstream-timeout ({upstream_timeout:?}) plus --store-timeout ({store_timeout:?}): a request still running when its lease ends could be forwarded twice"
+        ));
+    }
+    // The policy: from the route's own settings over the inherited ones,
+    // unless one of those is refused already.
+    let inherits = r.ttl.is_none() || r.lease.is_none() || r.wait.is_none();
+    let policy = match (
+        ttl.map(|t| t.or(inherited.ttl)),
+        lease.map(|l| l.or(inherited.lease)),
+        wait.map(|w| match w {
+            Some(w) => Some(Some(w)),
+            None => inherited.wait,
+        }),
+    ) {
+        (Some(Some(t)), Some(Some(l)), Some(Some(w))) if inherited.policy_ok || !inherits => {
+            p.check(policy(t, l, w, &what))
+        }
+        _ => None,
+    };
+
+    let key = match r.key.as_deref() {
+        None | Some("required") => Some(KeyRequirement::Required),
+        Some("optional") => Some(KeyRequirement::Optional),
+        Some(other) => {
+            p.add(format!(
+                "{what}: key must be \"required\" or \"optional\", not {other:?}"
+            ));
+            None
+        }
+    };
+    let mut fields_ok = true;
+    for bad in r.fingerprint_fields.iter().filter(|f| !f.starts_with('/')) {
+        p.add(format!(
+            "{what}: fingerprint field {bad:?} must be a JSON pointer such as \"/amount\""
+        ));
+        fields_ok = false;
+    }
+    let mut store_headers = Vec::new();
+    for h in &r.store_headers {
+        match HeaderName::try_from(h.as_str()) {
+            Ok(name) => store_headers.push(name),
+            Err(_) => p.add(format!("{what}: bad header {h:?}")),
+        }
+    }
+    let max_body = match &r.max_body {
+        Some(b) => {
+            Some(p.check(bounded_size(Some(b), "max-body", 0).with_context(|| what.clone()))?)
+        }
+        None => None,
+    };
+
+    if names.is_empty()
+        || methods.len() != names.len()
+        || store_headers.len() != r.store_headers.len()
+        || !fields_ok
+    {
+        return None;
+    }
+    Some(RouteSettings {
+        methods,
+        path: r.path.clone(),
+        key: key?,
+        policy: policy?,
+        fingerprint_fields: r.fingerprint_fields.clone(),
+        store_headers,
+        max_body,
+    })
+}
+
+impl RouteSettings {
+    /// The rule the layer runs this route with.
+    fn rule(&self) -> Option<RouteRule> {
+        let (first, rest) = self.methods.split_first()?;
+        let mut rule = RouteRule::new(first.clone(), &self.path)
+            .policy(self.policy.clone())
+            .key(self.key);
+        for m in rest {
+            rule = rule.method(m.clone());
+        }
+        if !self.fingerprint_fields.is_empty() {
+            rule = rule.fingerprint_fields(self.fingerprint_fields.clone());
+        }
+        for h in &self.store_headers {
+            rule = rule.store_header(h.clone());
+        }
+        if let Some(limit) = self.max_body {
+            rule = rule.body_limit(limit);
+        }
+        Some(rule)
+    }
+}
+
 impl GatewayConfig {
-    /// Merges and validates.
-    pub(crate) fn from_args(args: &ServeArgs) -> anyhow::Result<GatewayConfig> {
+    /// Reads the file `--config` names, merges and validates. A file that
+    /// cannot be read or parsed is one problem: nothing else is checked.
+    pub(crate) fn from_args(args: &ServeArgs) -> Result<GatewayConfig, ConfigError> {
         let file = match &args.config {
-            Some(p) => FileConfig::load(p)?,
+            Some(p) => match FileConfig::load(p) {
+                Ok(file) => file,
+                Err(e) => {
+                    let mut problems = Problems::default();
+                    problems.add(format!("{e:#}"));
+                    return problems.finish(None);
+                }
+            },
             None => FileConfig::default(),
         };
         GatewayConfig::from_file(args, &file)
     }
 
-    /// Merges flags over a parsed file, and validates.
-    pub(crate) fn from_file(args: &ServeArgs, file: &FileConfig) -> anyhow::Result<GatewayConfig> {
+    /// Merges flags over a parsed file, and validates: every problem found.
+    pub(crate) fn from_file(
+        args: &ServeArgs,
+        file: &FileConfig,
+    ) -> Result<GatewayConfig, ConfigError> {
+        let mut problems = Problems::default();
+        let built = GatewayConfig::validate(args, file, &mut problems);
+        problems.finish(built)
+    }
+
+    /// Every check runs before the configuration is assembled, so one
+    /// refused setting does not hide the next.
+    fn validate(args: &ServeArgs, file: &FileConfig, p: &mut Problems) -> Option<GatewayConfig> {
         let pick =
             |flag: &Option<String>, file: &Option<String>| flag.clone().or_else(|| file.clone());
 
-        let Some(upstream) = pick(&args.upstream, &file.upstream) else {
-            bail!("--upstream (or IDEM_UPSTREAM, or `upstream` in the config file) is required");
+        let upstream = match pick(&args.upstream, &file.upstream) {
+            None => {
+                p.add(
+                    "--upstream (or IDEM_UPSTREAM, or `upstream` in the config file) is required",
+                );
+                None
+            }
+            Some(text) => p.check(upstream_url(&text)),
         };
-        let upstream: http::Uri = upstream
-            .parse()
-            .with_context(|| format!("--upstream {upstream:?} is not a URL"))?;
-        if upstream.scheme_str() != Some("http") || upstream.authority().is_none() {
-            bail!("--upstream must be an http:// URL with a host, not {upstream}");
+        let listen = p.check(address(
+            pick(&args.listen, &file.listen),
+            "listen",
+            "127.0.0.1:8080",
+        ));
+        let admin_listen = p.check(address(
+            pick(&args.admin_listen, &file.admin_listen),
+            "admin-listen",
+            "127.0.0.1:9090",
+        ));
+        // Port 0 is a new port each time, so two of them never clash.
+        if let (Some(a), Some(b)) = (&listen, &admin_listen)
+            && a == b
+            && !a.ends_with(":0")
+        {
+            p.add(format!(
+                "--listen and --admin-listen are the same address {a}"
+            ));
         }
+        let store = p.check(
+            pick(&args.store, &file.store)
+                .as_deref()
+                .unwrap_or("sqlite:idem.db")
+                .parse::<StoreUrl>()
+                .context("--store"),
+        );
 
-        let ttl = opt_duration(pick(&args.ttl, &file.ttl).as_ref(), "ttl")?
-            .unwrap_or(Duration::from_secs(86_400));
-        let lease = opt_duration(pick(&args.lease, &file.lease).as_ref(), "lease")?
-            .unwrap_or(Duration::from_secs(30));
-        let wait = opt_duration(pick(&args.wait, &file.wait).as_ref(), "wait")?;
-        let upstream_timeout = bounded_duration(
+        let ttl = p
+            .check(opt_duration(pick(&args.ttl, &file.ttl).as_ref(), "ttl"))
+            .map(|d| d.unwrap_or(Duration::from_secs(86_400)));
+        let lease = p
+            .check(opt_duration(
+                pick(&args.lease, &file.lease).as_ref(),
+                "lease",
+            ))
+            .map(|d| d.unwrap_or(Duration::from_secs(30)));
+        let wait = p.check(opt_duration(pick(&args.wait, &file.wait).as_ref(), "wait"));
+        let upstream_timeout = p.check(bounded_duration(
             pick(&args.upstream_timeout, &file.upstream_timeout).as_ref(),
             "upstream-timeout",
             Duration::from_secs(25),
             Duration::from_millis(1),
             Duration::from_secs(3600),
-        )?;
-        let store_timeout = bounded_duration(
+        ));
+        let store_timeout = p.check(bounded_duration(
             pick(&args.store_timeout, &file.store_timeout).as_ref(),
             "store-timeout",
             Duration::from_secs(2),
             Duration::from_millis(10),
             Duration::from_secs(60),
-        )?;
+        ));
         // The lease must cover the forwarded request and the completion
         // that stores its answer; a lease that ends first lets a retry be
         // forwarded beside the first execution.
-        let held = upstream_timeout + store_timeout;
-        if held >= lease {
-            bail!(
+        if let (Some(upstream_timeout), Some(store_timeout), Some(lease)) =
+            (upstream_timeout, store_timeout, lease)
+            && upstream_timeout + store_timeout >= lease
+        {
+            p.add(format!(
                 "--upstream-timeout ({upstream_timeout:?}) plus --store-timeout ({store_timeout:?}) must be shorter than --lease ({lease:?}): a request still running when its lease ends could be forwarded twice"
-            );
+            ));
         }
-        let default_policy = policy(ttl, lease, wait, "--ttl/--lease/--wait")?;
-        let max_body = bounded_size(
+        let default_policy = match (ttl, lease, wait) {
+            (Some(ttl), Some(lease), Some(wait)) => {
+                p.check(policy(ttl, lease, wait, "--ttl/--lease/--wait"))
+            }
+            _ => None,
+        };
+        let max_body = p.check(bounded_size(
             pick(&args.max_body, &file.max_body).as_ref(),
             "max-body",
             1 << 20,
-        )?;
-        let replay_cache = bounded_size(
+        ));
+        let replay_cache = p.check(bounded_size(
             pick(&args.replay_cache, &file.replay_cache).as_ref(),
             "replay-cache",
             idem_http::DEFAULT_REPLAY_CACHE,
-        )?;
-        let max_response = bounded_size(
+        ));
+        let max_response = p.check(bounded_size(
             pick(&args.max_response, &file.max_response).as_ref(),
             "max-response",
             8 << 20,
-        )?;
-        let max_connections = args
-            .max_connections
-            .or(file.max_connections)
-            .unwrap_or(1024);
-        if !(1..=1_000_000).contains(&max_connections) {
-            bail!("--max-connections must be between 1 and 1000000, not {max_connections}");
-        }
-        let min_key_len = args.min_key_len.or(file.min_key_len).unwrap_or(16);
-        if !(1..=255).contains(&min_key_len) {
-            bail!("--min-key-len must be between 1 and 255, not {min_key_len}");
-        }
-        let scope_headers: Vec<HeaderName> = [
-            header_name(
-                pick(&args.tenant_header, &file.tenant_header),
-                "tenant-header",
-            )?,
-            header_name(pick(&args.scope_header, &file.scope_header), "scope-header")?,
+        ));
+        let max_connections = p.check(bounded_count(
+            args.max_connections.or(file.max_connections),
+            "max-connections",
+            1024,
+            1,
+            1_000_000,
+        ));
+        let min_key_len = p.check(bounded_count(
+            args.min_key_len.or(file.min_key_len),
+            "min-key-len",
+            16,
+            1,
+            255,
+        ));
+
+        let tenant_header = p.check(header_name(
+            pick(&args.tenant_header, &file.tenant_header),
+            "tenant-header",
+        ));
+        let scope_header = p.check(header_name(
+            pick(&args.scope_header, &file.scope_header),
+            "scope-header",
+        ));
+        let named: Vec<(&str, HeaderName)> = [
+            ("tenant-header", tenant_header.clone().flatten()),
+            ("scope-header", scope_header.clone().flatten()),
         ]
         .into_iter()
-        .flatten()
+        .filter_map(|(flag, h)| Some((flag, h?)))
         .collect();
-        if let [a, b] = &scope_headers[..]
+        if let [(_, a), (_, b)] = &named[..]
             && a == b
         {
-            bail!("--tenant-header and --scope-header name the same header {a}");
+            p.add(format!(
+                "--tenant-header and --scope-header name the same header {a}"
+            ));
         }
+        let key_header = p.check(key_header(pick(&args.key_header, &file.key_header), &named));
 
-        let mut routes = Vec::new();
-        for (i, r) in file.routes.iter().enumerate() {
-            let what = format!("[[route]] #{} ({})", i + 1, r.path);
-            let mut methods: Vec<String> = r.methods.clone();
-            methods.extend(r.method.clone());
-            if methods.is_empty() {
-                bail!("{what}: give `method` or `methods`");
-            }
-            let methods = methods
-                .iter()
-                .map(|m| {
-                    Method::from_bytes(m.to_ascii_uppercase().as_bytes())
-                        .with_context(|| format!("{what}: bad method {m:?}"))
-                })
-                .collect::<anyhow::Result<Vec<_>>>()?;
-            let r_ttl = opt_duration(r.ttl.as_ref(), "ttl")
-                .with_context(|| what.clone())?
-                .unwrap_or(ttl);
-            let r_lease = opt_duration(r.lease.as_ref(), "lease")
-                .with_context(|| what.clone())?
-                .unwrap_or(lease);
-            let r_wait = opt_duration(r.wait.as_ref(), "wait")
-                .with_context(|| what.clone())?
-                .or(wait);
-            if held >= r_lease {
-                bail!(
-                    "{what}: lease ({r_lease:?}) must be longer than --upstream-timeout ({upstream_timeout:?}) plus --store-timeout ({store_timeout:?}): a request still running when its lease ends could be forwarded twice"
-                );
-            }
-            let mut rule = RouteRule::new(methods[0].clone(), &r.path)
-                .policy(policy(r_ttl, r_lease, r_wait, &what)?);
-            for m in &methods[1..] {
-                rule = rule.method(m.clone());
-            }
-            rule = rule.key(match r.key.as_deref() {
-                None | Some("required") => KeyRequirement::Required,
-                Some("optional") => KeyRequirement::Optional,
-                Some(other) => {
-                    bail!("{what}: key must be \"required\" or \"optional\", not {other:?}")
-                }
-            });
-            if !r.fingerprint_fields.is_empty() {
-                if let Some(bad) = r.fingerprint_fields.iter().find(|f| !f.starts_with('/')) {
-                    bail!(
-                        "{what}: fingerprint field {bad:?} must be a JSON pointer such as \"/amount\""
-                    );
-                }
-                rule = rule.fingerprint_fields(r.fingerprint_fields.clone());
-            }
-            for h in &r.store_headers {
-                rule = rule.store_header(
-                    HeaderName::try_from(h.as_str())
-                        .with_context(|| format!("{what}: bad header {h:?}"))?,
-                );
-            }
-            if let Some(b) = &r.max_body {
-                rule = rule.body_limit(
-                    bounded_size(Some(b), "max-body", max_body).with_context(|| what.clone())?,
-                );
-            }
-            routes.push(rule);
-        }
+        let inherited = Inherited {
+            ttl,
+            lease,
+            wait,
+            policy_ok: default_policy.is_some(),
+            upstream_timeout,
+            store_timeout,
+        };
+        let route_settings: Vec<Option<RouteSettings>> = file
+            .routes
+            .iter()
+            .enumerate()
+            .map(|(i, r)| route(r, i, &inherited, p))
+            .collect();
 
-        let store: StoreUrl = pick(&args.store, &file.store)
-            .as_deref()
-            .unwrap_or("sqlite:idem.db")
-            .parse()
-            .context("--store")?;
+        let header_timeout = p.check(bounded_duration(
+            pick(&args.header_timeout, &file.header_timeout).as_ref(),
+            "header-timeout",
+            Duration::from_secs(10),
+            Duration::from_millis(100),
+            Duration::from_secs(300),
+        ));
+        let body_timeout = p.check(bounded_duration(
+            pick(&args.body_timeout, &file.body_timeout).as_ref(),
+            "body-timeout",
+            Duration::from_secs(30),
+            Duration::from_millis(100),
+            Duration::from_secs(600),
+        ));
+        let shutdown_grace = p.check(bounded_duration(
+            pick(&args.shutdown_grace, &file.shutdown_grace).as_ref(),
+            "shutdown-grace",
+            Duration::from_secs(30),
+            Duration::ZERO,
+            Duration::from_secs(3600),
+        ));
+        let sweep_interval = p.check(bounded_duration(
+            pick(&args.sweep_interval, &file.sweep_interval).as_ref(),
+            "sweep-interval",
+            Duration::from_secs(60),
+            Duration::from_millis(100),
+            Duration::from_secs(86_400),
+        ));
 
-        Ok(GatewayConfig {
-            upstream,
-            listen: pick(&args.listen, &file.listen).unwrap_or_else(|| "127.0.0.1:8080".into()),
-            admin_listen: pick(&args.admin_listen, &file.admin_listen)
-                .unwrap_or_else(|| "127.0.0.1:9090".into()),
-            store,
-            default_policy,
+        // Assembled only from here: every check above has run.
+        let route_settings = route_settings.into_iter().collect::<Option<Vec<_>>>()?;
+        let routes = route_settings
+            .iter()
+            .map(RouteSettings::rule)
+            .collect::<Option<Vec<_>>>()?;
+        let tenant_header = tenant_header?;
+        let scope_header = scope_header?;
+        Some(GatewayConfig {
+            upstream: upstream?,
+            listen: listen?,
+            admin_listen: admin_listen?,
+            store: store?,
+            default_policy: default_policy?,
             routes,
-            max_body,
-            key_policy: KeyPolicy::default().min_len(min_key_len),
-            scope_headers,
+            route_settings,
+            max_body: max_body?,
+            key_policy: KeyPolicy::default().min_len(min_key_len?),
+            key_header: key_header?,
+            scope_headers: tenant_header.iter().chain(&scope_header).cloned().collect(),
+            tenant_header,
+            scope_header,
             require_scope: args.require_scope || file.require_scope.unwrap_or(false),
             anonymous_reads: args.anonymous_reads || file.anonymous_reads.unwrap_or(false),
             trust_forwarded: args.trust_forwarded || file.trust_forwarded.unwrap_or(false),
-            max_response,
-            replay_cache,
-            header_timeout: bounded_duration(
-                pick(&args.header_timeout, &file.header_timeout).as_ref(),
-                "header-timeout",
-                Duration::from_secs(10),
-                Duration::from_millis(100),
-                Duration::from_secs(300),
-            )?,
-            body_timeout: bounded_duration(
-                pick(&args.body_timeout, &file.body_timeout).as_ref(),
-                "body-timeout",
-                Duration::from_secs(30),
-                Duration::from_millis(100),
-                Duration::from_secs(600),
-            )?,
-            max_connections,
-            store_timeout,
-            upstream_timeout,
-            shutdown_grace: bounded_duration(
-                pick(&args.shutdown_grace, &file.shutdown_grace).as_ref(),
-                "shutdown-grace",
-                Duration::from_secs(30),
-                Duration::ZERO,
-                Duration::from_secs(3600),
-            )?,
-            sweep_interval: bounded_duration(
-                pick(&args.sweep_interval, &file.sweep_interval).as_ref(),
-                "sweep-interval",
-                Duration::from_secs(60),
-                Duration::from_millis(100),
-                Duration::from_secs(86_400),
-            )?,
+            max_response: max_response?,
+            replay_cache: replay_cache?,
+            header_timeout: header_timeout?,
+            body_timeout: body_timeout?,
+            max_connections: max_connections?,
+            store_timeout: store_timeout?,
+            upstream_timeout: upstream_timeout?,
+            shutdown_grace: shutdown_grace?,
+            sweep_interval: sweep_interval?,
         })
     }
+}
+
+/// `--upstream`: an http:// URL with a host.
+fn upstream_url(text: &str) -> anyhow::Result<http::Uri> {
+    let upstream: http::Uri = text
+        .parse()
+        .with_context(|| format!("--upstream {text:?} is not a URL"))?;
+    if upstream.scheme_str() != Some("http") || upstream.authority().is_none() {
+        bail!("--upstream must be an http:// URL with a host, not {upstream}");
+    }
+    Ok(upstream)
 }
 
 /// The operations the config's routes name (for record look-ups).

@@ -4,13 +4,18 @@
 //!
 //! Raw input (flags, environment, TOML) is parsed in `cli` and validated
 //! once into `config::GatewayConfig`; the rest of the program sees only
-//! the validated form. Errors reach `main`, which prints one line and
-//! exits non-zero.
+//! the validated form. Errors reach `main`, which prints one line (one
+//! per configuration problem) and exits with the code of `exit`'s table:
+//! 0 success, 1 runtime failure, 2 usage or configuration error, 3 not
+//! found.
 
+mod check_config;
 mod cli;
 mod config;
 mod demo;
+mod exit;
 mod gateway;
+mod logging;
 mod records;
 mod stores;
 mod units;
@@ -44,9 +49,14 @@ fn main() -> ExitCode {
                 "idem: {} (see idem --help)",
                 first.trim_start_matches("error: ")
             );
-            return ExitCode::from(2);
+            return exit::Exit::Usage.into();
         }
     };
+    // Before the command runs, so that every event reaches the log.
+    if let Err(e) = logging::init(cli.log_level.as_deref(), cli.log_format) {
+        eprintln!("idem: {e:#}");
+        return exit::Exit::Usage.into();
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -63,6 +73,9 @@ fn main() -> ExitCode {
                 let cfg = config::GatewayConfig::from_args(&args)?;
                 gateway::serve(cfg).await.map(|()| ExitCode::SUCCESS)
             }
+            cli::Command::CheckConfig(args) => {
+                check_config::run(&args).map(|()| exit::Exit::Success.into())
+            }
             cli::Command::Demo(args) => demo::run(args).await,
             cli::Command::Records(cmd) => records::run(cmd).await.map(|()| ExitCode::SUCCESS),
         }
@@ -71,11 +84,6 @@ fn main() -> ExitCode {
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     match result {
         Ok(code) => code,
-        Err(e) => {
-            // One line: the error and its causes.
-            let chain: Vec<String> = e.chain().map(ToString::to_string).collect();
-            eprintln!("idem: {}", chain.join(": "));
-            ExitCode::from(2)
-        }
+        Err(e) => exit::report(&e),
     }
 }

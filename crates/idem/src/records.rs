@@ -1,18 +1,98 @@
-//! `idem records get | purge`.
+//! `idem records get | stale | purge`.
+//!
+//! `records get` needs the caller's scope: `--tenant`, or the credential
+//! from `IDEM_CREDENTIAL` or `--credential-stdin`. Never from the
+//! arguments, which other users see (`ps`) and shells keep in history:
+//! `--credential VALUE` is refused, not used.
 
-use anyhow::{Context, bail};
+use std::io::BufRead;
+
+use anyhow::{Context, anyhow, bail};
 use idem_core::{Key, Operation, RecordId, Scope, StaleCursor, Timestamp};
 use idem_http::PathPattern;
 
 use crate::cli::RecordsCommand;
 use crate::config::route_operations;
+use crate::exit::{NotFound, OrUsage};
 use crate::stores::StoreUrl;
 use crate::units::duration;
+
+/// The environment variable holding the credential for `records get`.
+const CREDENTIAL_ENV: &str = "IDEM_CREDENTIAL";
 
 /// Parses `--store` (here, not in clap: clap would echo a refused URL,
 /// password and all) and opens it.
 async fn open(url: &str) -> anyhow::Result<std::sync::Arc<dyn idem_core::Store>> {
     url.parse::<StoreUrl>().context("--store")?.open().await
+}
+
+/// Where `records get` takes the caller's scope from.
+#[derive(Debug)]
+enum ScopeInput {
+    Tenant(Vec<String>),
+    Credential(String),
+    Anonymous,
+}
+
+/// The scope, from exactly one of `--tenant`, `--credential-stdin` and
+/// `IDEM_CREDENTIAL` (more than one is refused: they could name different
+/// callers). An empty `IDEM_CREDENTIAL` counts as unset.
+fn scope_input(
+    tenant: Vec<String>,
+    credential_stdin: bool,
+    credential_argv: Option<Option<String>>,
+) -> anyhow::Result<ScopeInput> {
+    if credential_argv.is_some() {
+        bail!(
+            "--credential is refused: a credential in the arguments is visible to other users and kept in shell history; set {CREDENTIAL_ENV} or pipe it to --credential-stdin"
+        );
+    }
+    let from_env = match std::env::var(CREDENTIAL_ENV) {
+        Ok(v) if v.is_empty() => None,
+        Ok(v) => Some(v),
+        Err(std::env::VarError::NotPresent) => None,
+        Err(std::env::VarError::NotUnicode(_)) => bail!("{CREDENTIAL_ENV} is not valid UTF-8"),
+    };
+    let given = usize::from(!tenant.is_empty())
+        + usize::from(credential_stdin)
+        + usize::from(from_env.is_some());
+    if given > 1 {
+        bail!(
+            "give the scope one way: --tenant, --credential-stdin or {CREDENTIAL_ENV} (set: {})",
+            [
+                (!tenant.is_empty()).then_some("--tenant"),
+                credential_stdin.then_some("--credential-stdin"),
+                from_env.is_some().then_some(CREDENTIAL_ENV),
+            ]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>()
+            .join(", ")
+        );
+    }
+    if !tenant.is_empty() {
+        return Ok(ScopeInput::Tenant(tenant));
+    }
+    if credential_stdin {
+        return read_credential(std::io::stdin().lock()).map(ScopeInput::Credential);
+    }
+    Ok(from_env.map_or(ScopeInput::Anonymous, ScopeInput::Credential))
+}
+
+/// One line from `input`, without its line ending; refused when empty.
+fn read_credential(mut input: impl BufRead) -> anyhow::Result<String> {
+    let mut line = String::new();
+    input
+        .read_line(&mut line)
+        .context("--credential-stdin: cannot read standard input")?;
+    let credential = line
+        .strip_suffix('\n')
+        .map(|l| l.strip_suffix('\r').unwrap_or(l))
+        .unwrap_or(&line);
+    if credential.is_empty() {
+        bail!("--credential-stdin: standard input held no credential (an empty line)");
+    }
+    Ok(credential.to_owned())
 }
 
 pub(crate) async fn run(cmd: RecordsCommand) -> anyhow::Result<()> {
@@ -21,22 +101,25 @@ pub(crate) async fn run(cmd: RecordsCommand) -> anyhow::Result<()> {
             key,
             store,
             tenant,
+            credential_stdin,
             credential,
             method,
             path,
             config,
         } => {
-            let key = Key::new(key).context("invalid key")?;
-            let scope = match (&tenant[..], credential) {
-                ([_, ..], _) => {
+            // First: a credential typed on the command line is refused
+            // before anything else is read.
+            let scope = match scope_input(tenant, credential_stdin, credential).or_usage()? {
+                ScopeInput::Tenant(tenant) => {
                     Scope::from_parts(&tenant.iter().map(|t| t.as_bytes()).collect::<Vec<_>>())
                 }
-                ([], Some(c)) => Scope::from_credential(c.as_bytes()),
-                ([], None) => Scope::anonymous(),
+                ScopeInput::Credential(c) => Scope::from_credential(c.as_bytes()),
+                ScopeInput::Anonymous => Scope::anonymous(),
             };
+            let key = Key::new(key).context("invalid key").or_usage()?;
             let operations = match (path, config) {
                 (Some(p), _) => vec![(method, p)],
-                (None, Some(c)) => route_operations(&c)?,
+                (None, Some(c)) => route_operations(&c).or_usage()?,
                 (None, None) => Vec::new(),
             };
             let store = open(&store).await?;
@@ -47,7 +130,7 @@ pub(crate) async fn run(cmd: RecordsCommand) -> anyhow::Result<()> {
                     .await
                     .context("reading the record")?;
                 let Some(record) = found.first() else {
-                    bail!("no live record for that key and scope")
+                    return Err(anyhow!(NotFound("no live record for that key and scope")));
                 };
                 println!(
                     "{}",
@@ -69,7 +152,9 @@ pub(crate) async fn run(cmd: RecordsCommand) -> anyhow::Result<()> {
                     return Ok(());
                 }
             }
-            bail!("no live record for that key, scope and operation")
+            Err(anyhow!(NotFound(
+                "no live record for that key, scope and operation"
+            )))
         }
         RecordsCommand::Stale { store, limit } => {
             let store = open(&store).await?;
@@ -107,7 +192,8 @@ pub(crate) async fn run(cmd: RecordsCommand) -> anyhow::Result<()> {
             let age = older_than
                 .map(|d| duration(&d))
                 .transpose()
-                .context("--older-than")?
+                .context("--older-than")
+                .or_usage()?
                 .unwrap_or_default();
             let store = open(&store).await?;
             let cutoff = Timestamp::now() - age;
@@ -121,6 +207,39 @@ pub(crate) async fn run(cmd: RecordsCommand) -> anyhow::Result<()> {
             .context("purging")?;
             println!("purged {total} expired records");
             Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_credential_is_one_line_of_standard_input() {
+        let read = |input: &str| read_credential(input.as_bytes());
+        assert_eq!(read("Bearer abc\n").unwrap(), "Bearer abc");
+        assert_eq!(read("Bearer abc\r\nmore\n").unwrap(), "Bearer abc");
+        assert_eq!(read("Bearer abc").unwrap(), "Bearer abc");
+        assert_eq!(
+            read(" padded \n").unwrap(),
+            " padded ",
+            "only the line ending goes"
+        );
+        assert!(read("").is_err());
+        assert!(read("\n").is_err());
+    }
+
+    #[test]
+    fn a_credential_in_the_arguments_is_refused_unread() {
+        for argv in [Some("Bearer s3cret".to_owned()), None] {
+            let e = scope_input(Vec::new(), false, Some(argv)).unwrap_err();
+            let text = format!("{e:#}");
+            assert!(
+                text.contains(CREDENTIAL_ENV) && text.contains("--credential-stdin"),
+                "{text}"
+            );
+            assert!(!text.contains("s3cret"), "{text}");
         }
     }
 }

@@ -110,10 +110,15 @@ impl StoreUrl {
     }
 }
 
+/// A URL without its password (see [`redact`]).
+pub(crate) fn redact_uri(uri: &http::Uri) -> String {
+    redact(&uri.to_string())
+}
+
 /// A URL without its password, for messages: the password of the user
 /// info (up to the last `@`, so a raw `@` in a password is covered too) and
 /// the value of any query parameter whose name mentions a password.
-fn redact(url: &str) -> String {
+pub(crate) fn redact(url: &str) -> String {
     let (base, query) = match url.split_once('?') {
         Some((b, q)) => (b, Some(q)),
         None => (url, None),

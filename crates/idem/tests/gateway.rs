@@ -16,6 +16,46 @@ fn upstream_child() {
     support::upstream_child_main();
 }
 
+/// Where `idem_with_credential` puts the credential.
+enum Credential<'a> {
+    Env(&'a str),
+    Stdin(&'a str),
+}
+
+/// Runs `idem` with a credential in `IDEM_CREDENTIAL` or on standard
+/// input; returns (exit code, stdout, stderr).
+fn idem_with_credential(args: &[&str], credential: Credential<'_>) -> (i32, String, String) {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_idem"));
+    cmd.args(args)
+        .env_remove("IDEM_CONFIG")
+        .env_remove("IDEM_CREDENTIAL")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let input = match credential {
+        Credential::Env(value) => {
+            cmd.env("IDEM_CREDENTIAL", value);
+            ""
+        }
+        Credential::Stdin(text) => text,
+    };
+    let mut child = cmd.spawn().unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 fn key(tag: &str) -> String {
     format!("gw-{tag}-{}-0000000", std::process::id())
 }
@@ -232,33 +272,30 @@ async fn the_reconciliation_read_path_and_records_cli() {
     assert_eq!(anonymous.status(), 401, "no credential, no reads");
 
     drop(g); // SQLite: one writer at a time
-    let (code, out, err) = idem(&[
-        "records",
-        "get",
-        &k,
-        "--store",
-        &store,
-        "--credential",
-        "Bearer reader",
-        "--path",
-        "/orders",
-    ]);
+    // The credential comes from the environment or standard input, never
+    // from the arguments.
+    let (code, out, err) = idem_with_credential(
+        &["records", "get", &k, "--store", &store, "--path", "/orders"],
+        Credential::Env("Bearer reader"),
+    );
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("\"completed\""), "{out}");
     // The key and the credential are enough for the CLI too.
-    let (code, out, err) = idem(&[
-        "records",
-        "get",
-        &k,
-        "--store",
-        &store,
-        "--credential",
-        "Bearer reader",
-    ]);
+    let (code, out, err) = idem_with_credential(
+        &[
+            "records",
+            "get",
+            &k,
+            "--store",
+            &store,
+            "--credential-stdin",
+        ],
+        Credential::Stdin("Bearer reader\n"),
+    );
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("\"POST /orders\""), "{out}");
     let (code, _, err) = idem(&["records", "get", &k, "--store", &store, "--path", "/orders"]);
-    assert_ne!(code, 0);
+    assert_eq!(code, 3, "not found: {err}");
     assert!(err.contains("no live record"), "{err}");
     let (code, out, err) = idem(&["records", "purge", "--store", &store]);
     assert_eq!(code, 0, "{err}");
@@ -348,7 +385,9 @@ fn start_up_errors_are_one_line_and_non_zero() {
         "--store",
         "postgres://nobody@127.0.0.1:1/x",
     ]);
-    assert_eq!(code, 2);
+    // A store that cannot be reached is a runtime failure (1), not a
+    // configuration error (2): the exit-code table of issue 13.
+    assert_eq!(code, 1);
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("cannot reach store"), "{err}");
 

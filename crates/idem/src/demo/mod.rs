@@ -17,8 +17,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::exit::OrUsage;
 use crate::stores::StoreUrl;
-use anyhow::{Context, bail};
+use anyhow::Context;
 use idem_core::Store;
 use idem_http::IdempotencyLayer;
 #[cfg(feature = "postgres")]
@@ -33,21 +34,8 @@ use report::{Intent, Report};
 const START_BALANCE: i64 = 1_000;
 const CLIENT_TIMEOUT: Duration = Duration::from_millis(800);
 
+/// Runs the demo. The rates and counts in `args` were checked by clap.
 pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
-    for (name, v) in [
-        ("--drop-rate", args.drop_rate),
-        ("--fail-rate", args.fail_rate),
-        ("--slow-rate", args.slow_rate),
-        ("--duplicate-rate", args.duplicate_rate),
-        ("--reuse-rate", args.reuse_rate),
-    ] {
-        if !(0.0..=1.0).contains(&v) {
-            bail!("{name} must be between 0 and 1, not {v}");
-        }
-    }
-    if args.clients == 0 || args.intents == 0 {
-        bail!("--clients and --intents must be at least 1");
-    }
     // Parsed here, not in clap: clap would echo a refused URL, password
     // and all.
     let store = args
@@ -89,9 +77,10 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
                 .context("cannot drop the demo schema")?;
             code
         }
-        Some(other) => bail!(
+        Some(other) => Err(anyhow::anyhow!(
             "--store for the demo must be sqlite:PATH or postgres://... (the ledger keeps its transfers in SQL), not {other}"
-        ),
+        ))
+        .or_usage(),
     }
 }
 

@@ -48,6 +48,7 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
     let mut builder = IdempotencyLayer::builder_shared(store.clone())
         .default_policy(cfg.default_policy.clone())
         .key_policy(cfg.key_policy.clone())
+        .key_header(cfg.key_header.clone())
         .scope(scope)
         .require_scope(cfg.require_scope)
         .body_limit(cfg.max_body)
@@ -66,6 +67,7 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
         cfg.upstream.clone(),
         cfg.upstream_timeout,
         cfg.trust_forwarded,
+        &cfg.key_header,
         &cfg.scope_headers,
     ));
 
@@ -106,10 +108,7 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
         }
     });
 
-    eprintln!(
-        "idem: forwarding {} to {} (admin on {}, store {})",
-        cfg.listen, cfg.upstream, cfg.admin_listen, cfg.store
-    );
+    log_settings(&cfg);
     let grace = cfg.shutdown_grace;
     let server = listener::serve(
         listener,
@@ -140,8 +139,52 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
         drained
     );
     served?;
-    eprintln!("idem: stopped");
+    tracing::info!("stopped");
     Ok(())
+}
+
+/// The effective settings, once at start-up, without secrets: the store
+/// URL is redacted (`StoreUrl`'s `Display`), the upstream shown without
+/// user information, and scope header names are names, not values.
+fn log_settings(cfg: &GatewayConfig) {
+    let policy = &cfg.default_policy;
+    let wait = match policy.concurrency() {
+        idem_core::Concurrency::Wait { limit } => Some(format!("{limit:?}")),
+        _ => None,
+    };
+    let scope = if cfg.scope_headers.is_empty() {
+        "authorization".to_owned()
+    } else {
+        let names: Vec<&str> = cfg.scope_headers.iter().map(|h| h.as_str()).collect();
+        names.join(",")
+    };
+    tracing::info!(
+        listen = %cfg.listen,
+        admin = %cfg.admin_listen,
+        upstream = %crate::stores::redact_uri(&cfg.upstream),
+        store = %cfg.store,
+        ttl = ?policy.ttl(),
+        lease = ?policy.lease(),
+        wait,
+        upstream_timeout = ?cfg.upstream_timeout,
+        store_timeout = ?cfg.store_timeout,
+        header_timeout = ?cfg.header_timeout,
+        body_timeout = ?cfg.body_timeout,
+        shutdown_grace = ?cfg.shutdown_grace,
+        sweep_interval = ?cfg.sweep_interval,
+        max_body = cfg.max_body,
+        max_response = cfg.max_response,
+        replay_cache = cfg.replay_cache,
+        max_connections = cfg.max_connections,
+        key_header = %cfg.key_header,
+        min_key_len = cfg.key_policy.minimum_len(),
+        scope = %scope,
+        require_scope = cfg.require_scope,
+        anonymous_reads = cfg.anonymous_reads,
+        trust_forwarded = cfg.trust_forwarded,
+        routes = cfg.routes.len(),
+        "forwarding requests"
+    );
 }
 
 async fn signals(shutdown: tokio_util::sync::CancellationToken) {
@@ -156,7 +199,7 @@ async fn signals(shutdown: tokio_util::sync::CancellationToken) {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}
     }
-    eprintln!("idem: shutting down");
+    tracing::info!("shutting down");
     shutdown.cancel();
 }
 
@@ -210,6 +253,16 @@ fn ambiguous_path(path: &str) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::ambiguous_path;
+
+    #[test]
+    fn the_logged_upstream_has_no_password() {
+        let shown = |u: &str| crate::stores::redact_uri(&u.parse().unwrap());
+        assert_eq!(
+            shown("http://svc:s3cret@10.0.0.1:3000/api"),
+            "http://svc:***@10.0.0.1:3000/api"
+        );
+        assert_eq!(shown("http://10.0.0.1:3000"), "http://10.0.0.1:3000/");
+    }
 
     #[test]
     fn paths_an_upstream_could_resolve_elsewhere_are_found() {

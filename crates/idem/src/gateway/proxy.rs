@@ -44,7 +44,8 @@ struct Forwarder {
     timeout: Duration,
     trust_forwarded: bool,
     /// End-to-end headers a client may not remove by naming them in
-    /// `Connection`: the key and the scope the record was claimed under.
+    /// `Connection`: the key (under `--key-header`'s name) and the scope
+    /// the record was claimed under.
     protected: Arc<[HeaderName]>,
 }
 
@@ -53,6 +54,7 @@ impl Proxy {
         upstream: Uri,
         timeout: Duration,
         trust_forwarded: bool,
+        key_header: &HeaderName,
         scope_headers: &[HeaderName],
     ) -> Proxy {
         let mut connector = HttpConnector::new();
@@ -66,7 +68,7 @@ impl Proxy {
             timeout,
             trust_forwarded,
             protected: [
-                idem_http::IDEMPOTENCY_KEY,
+                key_header.clone(),
                 header::AUTHORIZATION,
                 header::CONTENT_TYPE,
                 header::CONTENT_LENGTH,
@@ -223,6 +225,19 @@ fn strip_hop_by_hop(headers: &mut HeaderMap, protected: &[HeaderName]) {
     }
 }
 
+/// An error and its causes, for the log: the client's own message alone
+/// ("client error (Connect)") does not say what failed.
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
 fn problem(status: StatusCode, kind: &str, title: &'static str, detail: &str) -> Response<Body> {
     idem_http::Problem::idem(status, kind, title, detail).into_response()
 }
@@ -289,7 +304,7 @@ impl Forwarder {
                 Response::from_parts(parts, body)
             }
             Ok(Err(e)) if e.is_connect() => {
-                tracing::warn!(error = %e, "upstream unreachable");
+                tracing::warn!(error = %chain(&e), "upstream unreachable");
                 problem(
                     StatusCode::BAD_GATEWAY,
                     "upstream-unreachable",
@@ -298,7 +313,7 @@ impl Forwarder {
                 )
             }
             Ok(Err(e)) => {
-                tracing::warn!(error = %e, "upstream failed");
+                tracing::warn!(error = %chain(&e), "upstream failed");
                 unknown(problem(
                     StatusCode::BAD_GATEWAY,
                     "upstream-failed",
@@ -328,5 +343,24 @@ impl Service<Request<Body>> for Proxy {
     fn call(&mut self, req: Request<Body>) -> Self::Future {
         let forwarder = self.0.clone();
         Box::pin(async move { Ok(forwarder.forward(req).await) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{FORWARDING, HOP_BY_HOP};
+
+    /// `--key-header` refuses every header this proxy strips or rewrites:
+    /// a key there would not reach the upstream as the client sent it.
+    #[test]
+    fn the_key_header_is_never_one_the_proxy_strips_or_rewrites() {
+        let hop_by_hop = HOP_BY_HOP;
+        let stripped = hop_by_hop.iter().map(|h| h.as_str());
+        for name in stripped.chain(FORWARDING).chain(["host"]) {
+            assert!(
+                crate::config::key_header(Some(name.to_owned()), &[]).is_err(),
+                "{name}"
+            );
+        }
     }
 }

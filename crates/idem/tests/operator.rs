@@ -1,0 +1,479 @@
+//! The operator's side of `idem` (issue 13): `--key-header`, `idem
+//! check-config`, where `records get` takes its credential from, and the
+//! exit codes of every command (0 success, 1 runtime failure, 2 usage or
+//! configuration error, 3 not found).
+#![allow(clippy::unwrap_used)] // a test crate: a panic is a failed assertion
+
+mod support;
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use support::{config, gateway, idem, upstream};
+
+/// The child half: serves the counting upstream until killed.
+#[test]
+#[ignore = "child process of the gateway tests; run by them"]
+fn upstream_child() {
+    support::upstream_child_main();
+}
+
+fn key(tag: &str) -> String {
+    format!("op-{tag}-{}-0000000", std::process::id())
+}
+
+/// Runs `idem` with `env` set and `stdin` written to its standard input;
+/// returns (exit code, stdout, stderr).
+fn idem_with(args: &[&str], env: &[(&str, &str)], stdin: &str) -> (i32, String, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_idem"));
+    cmd.args(args)
+        .env_remove("IDEM_CONFIG")
+        .env_remove("IDEM_CREDENTIAL")
+        .env_remove("IDEM_KEY_HEADER")
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    // The child may exit without reading (a refused command): ignore EPIPE.
+    let _ = child.stdin.take().unwrap().write_all(stdin.as_bytes());
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+// --key-header
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_key_header_dedupes_and_reaches_the_upstream_unchanged() {
+    let (_up, up) = upstream();
+    let g = gateway(&up, "memory:", &["--key-header", "X-Request-Key"]).await;
+    let c = reqwest::Client::new();
+    let k = key("xrk");
+    // /echo answers with the headers the upstream received. The client
+    // names the key header in Connection, trying to strip it upstream.
+    let send = |idempotency_key: String| {
+        c.post(format!("{}/echo", g.base))
+            .header("x-request-key", &k)
+            .header("idempotency-key", idempotency_key)
+            .header("connection", "x-request-key")
+            .header("content-type", "application/json")
+            .body("{}")
+            .send()
+    };
+    let first = send(key("ignored-1")).await.unwrap();
+    assert_eq!(first.status(), 200);
+    assert!(first.headers().get("idempotent-replayed").is_none());
+    assert!(first.headers().get("idempotency-key-expires").is_some());
+    let seen: serde_json::Value = first.json().await.unwrap();
+    assert_eq!(
+        seen["x-request-key"],
+        k.as_str(),
+        "the key reaches the upstream: {seen}"
+    );
+    assert_eq!(
+        seen["idempotency-key"],
+        key("ignored-1").as_str(),
+        "Idempotency-Key is an ordinary header here, forwarded as sent: {seen}"
+    );
+
+    // Same X-Request-Key, another Idempotency-Key: still a replay of the
+    // first answer.
+    let again = send(key("ignored-2")).await.unwrap();
+    assert_eq!(again.status(), 200);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    let replayed: serde_json::Value = again.json().await.unwrap();
+    assert_eq!(replayed, seen);
+
+    // Idempotency-Key alone is no key: 400, naming the header to send.
+    let without = c
+        .post(format!("{}/echo", g.base))
+        .header("idempotency-key", key("alone"))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(without.status(), 400);
+    let problem: serde_json::Value = without.json().await.unwrap();
+    assert_eq!(problem["type"], "urn:idem:problem:missing-key");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("X-Request-Key"),
+        "{problem}"
+    );
+}
+
+#[test]
+fn a_key_header_that_cannot_carry_a_key_is_refused() {
+    for (name, extra, says) in [
+        ("not a header", &[][..], "not a header name"),
+        ("Connection", &[][..], "hop-by-hop"),
+        ("Keep-Alive", &[][..], "hop-by-hop"),
+        ("Authorization", &[][..], "Authorization"),
+        ("X-Forwarded-For", &[][..], "rewrites"),
+        (
+            "X-Tenant",
+            &["--tenant-header", "x-tenant"][..],
+            "tenant-header",
+        ),
+        ("X-User", &["--scope-header", "x-user"][..], "scope-header"),
+    ] {
+        for command in ["serve", "check-config"] {
+            let mut args = vec![
+                command,
+                "--upstream",
+                "http://127.0.0.1:1",
+                "--store",
+                "memory:",
+                "--key-header",
+                name,
+            ];
+            args.extend_from_slice(extra);
+            let (code, out, err) = idem(&args);
+            assert_eq!(code, 2, "{args:?}: {err}");
+            assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+            assert!(
+                err.contains("--key-header") && err.contains(says),
+                "{args:?}: {err}"
+            );
+            assert!(out.is_empty(), "{args:?}: {out}");
+        }
+    }
+    // From the environment and from the file, the same.
+    let (code, _, err) = idem_with(
+        &["check-config", "--upstream", "http://127.0.0.1:1"],
+        &[("IDEM_KEY_HEADER", "upgrade")],
+        "",
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("hop-by-hop"), "{err}");
+    let (_dir, file) = config("upstream = \"http://127.0.0.1:1\"\nkey_header = \"te\"\n");
+    let (code, _, err) = idem(&["check-config", "--config", &file]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("hop-by-hop"), "{err}");
+}
+
+// check-config
+
+#[test]
+fn check_config_prints_the_effective_settings() {
+    let (_dir, file) = config(
+        r#"
+upstream = "http://127.0.0.1:3000"
+store = "postgres://idem:s3cret-pw@db.internal/idem"
+ttl = "2h"
+[[route]]
+method = "POST"
+path = "/accounts/{id}/transfers"
+fingerprint_fields = ["/amount"]
+"#,
+    );
+    // A flag wins over the file, the environment is read too.
+    let (code, out, err) = idem_with(
+        &["check-config", "--config", &file, "--lease", "45s"],
+        &[("IDEM_KEY_HEADER", "X-Request-Key"), ("IDEM_WAIT", "5s")],
+        "",
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(err.is_empty(), "{err}");
+    for line in [
+        "upstream = \"http://127.0.0.1:3000/\"",
+        "store = \"postgres://idem:***@db.internal/idem\"",
+        "key_header = \"x-request-key\"",
+        "ttl = \"2h\"",
+        "lease = \"45s\"",
+        "wait = \"5s\"",
+        "max_body = \"1MiB\"",
+        "listen = \"127.0.0.1:8080\"",
+        "[[route]]",
+        "path = \"/accounts/{id}/transfers\"",
+        "fingerprint_fields = [\"/amount\"]",
+    ] {
+        assert!(
+            out.lines().any(|l| l == line),
+            "{line:?} missing in:\n{out}"
+        );
+    }
+    assert!(!out.contains("s3cret"), "{out}");
+
+    // The output is itself a config file giving the same settings.
+    let (_dir2, again) = config(&out.replace("***", "pw"));
+    let (code, out2, err) = idem(&["check-config", "--config", &again]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out2, out);
+
+    // Nothing was opened: a store and an upstream nobody could reach pass.
+    let (code, _, err) = idem(&[
+        "check-config",
+        "--upstream",
+        "http://127.0.0.1:1",
+        "--store",
+        "postgres://postgres@127.0.0.1:1/none",
+        "--listen",
+        "203.0.113.1:80",
+    ]);
+    assert_eq!(code, 0, "{err}");
+}
+
+#[test]
+fn check_config_reports_every_independent_problem_once() {
+    let (_dir, file) = config(
+        r#"
+upstream = "http://127.0.0.1:3000"
+ttl = "5y"
+max_body = "1GiB"
+[[route]]
+method = "POST"
+path = "/transfers"
+key = "sometimes"
+"#,
+    );
+    let (code, out, err) = idem(&["check-config", "--config", &file]);
+    assert_eq!(code, 2, "{err}");
+    assert!(out.is_empty(), "{out}");
+    let lines: Vec<&str> = err.trim().lines().collect();
+    assert_eq!(lines.len(), 3, "{err}");
+    assert!(lines[0].contains("--ttl"), "{err}");
+    assert!(lines[1].contains("--max-body"), "{err}");
+    assert!(
+        lines[2].contains("[[route]] #1 (/transfers)") && lines[2].contains("key"),
+        "{err}"
+    );
+    assert!(lines.iter().all(|l| l.starts_with("idem: ")), "{err}");
+
+    // serve refuses to start with the same lines.
+    let (code, _, serve_err) = idem(&["serve", "--config", &file, "--store", "memory:"]);
+    assert_eq!(code, 2);
+    assert_eq!(serve_err, err);
+
+    // A problem that follows from another is not reported again: a bad
+    // --upstream-timeout is not also compared with the lease, and a route
+    // inheriting a refused --ttl does not repeat it.
+    let (_dir, file) = config(
+        "upstream = \"http://127.0.0.1:3000\"\nttl = \"400d\"\nupstream_timeout = \"2h\"\n\
+         [[route]]\nmethod = \"POST\"\npath = \"/a\"\n",
+    );
+    let (code, _, err) = idem(&["check-config", "--config", &file]);
+    assert_eq!(code, 2);
+    assert_eq!(err.trim().lines().count(), 2, "{err}");
+
+    // A file that does not parse is one line, whatever toml says.
+    let (_dir, file) = config("upstream = \"http://127.0.0.1:3000\"\nttl = \n");
+    let (code, _, err) = idem(&["check-config", "--config", &file]);
+    assert_eq!(code, 2);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("line 2"), "{err}");
+}
+
+// records get: the credential
+
+#[test]
+fn a_credential_in_the_arguments_is_refused() {
+    for args in [
+        &[
+            "records",
+            "get",
+            "some-key-0123456789",
+            "--store",
+            "memory:",
+            "--credential",
+            "Bearer s3cret",
+        ][..],
+        &[
+            "records",
+            "get",
+            "some-key-0123456789",
+            "--store",
+            "memory:",
+            "--credential=Bearer s3cret",
+        ][..],
+        &[
+            "records",
+            "get",
+            "some-key-0123456789",
+            "--store",
+            "memory:",
+            "--credential",
+        ][..],
+    ] {
+        let (code, out, err) = idem(args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(
+            err.contains("IDEM_CREDENTIAL") && err.contains("--credential-stdin"),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("s3cret") && !out.contains("s3cret"), "{err}");
+    }
+}
+
+/// Help shows which variable a flag reads, never the value it holds.
+#[test]
+fn help_never_shows_a_password_from_the_environment() {
+    let env = [
+        ("IDEM_STORE", "postgres://u:s3cret-pw@h/db"),
+        ("IDEM_UPSTREAM", "http://svc:s3cret-pw@h:1"),
+    ];
+    for args in [
+        &["serve", "--help"][..],
+        &["check-config", "--help"][..],
+        &["records", "get", "--help"][..],
+        &["records", "stale", "--help"][..],
+        &["records", "purge", "--help"][..],
+    ] {
+        let (code, out, err) = idem_with(args, &env, "");
+        assert_eq!(code, 0, "{args:?}: {err}");
+        assert!(out.contains("IDEM_STORE"), "{args:?}: {out}");
+        assert!(!out.contains("s3cret"), "{args:?}: {out}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_get_takes_the_credential_from_the_environment_or_stdin() {
+    let (_up, up) = upstream();
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite:{}", dir.path().join("gw.db").display());
+    let g = gateway(&up, &store, &[]).await;
+    let k = key("cred");
+    let r = reqwest::Client::new()
+        .post(format!("{}/orders", g.base))
+        .header("idempotency-key", &k)
+        .header("authorization", "Bearer owner")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    drop(g); // SQLite: one writer at a time
+
+    let get = ["records", "get", k.as_str(), "--store", store.as_str()];
+    let (code, out, err) = idem_with(&get, &[("IDEM_CREDENTIAL", "Bearer owner")], "");
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("\"POST /orders\""), "{out}");
+
+    let mut from_stdin = get.to_vec();
+    from_stdin.push("--credential-stdin");
+    for line in ["Bearer owner\n", "Bearer owner\r\n", "Bearer owner"] {
+        let (code, out, err) = idem_with(&from_stdin, &[], line);
+        assert_eq!(code, 0, "{line:?}: {err}");
+        assert!(out.contains("\"completed\""), "{out}");
+    }
+    // Another credential's scope holds no such record.
+    let (code, _, err) = idem_with(&from_stdin, &[], "Bearer someone-else\n");
+    assert_eq!(code, 3, "{err}");
+    let (code, _, err) = idem_with(&get, &[("IDEM_CREDENTIAL", "Bearer someone-else")], "");
+    assert_eq!(code, 3, "{err}");
+
+    // Two sources of a scope, or an empty one, are refused.
+    let (code, _, err) = idem_with(
+        &from_stdin,
+        &[("IDEM_CREDENTIAL", "Bearer owner")],
+        "Bearer owner\n",
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("one way"), "{err}");
+    let mut with_tenant = get.to_vec();
+    with_tenant.extend(["--tenant", "t1"]);
+    let (code, _, err) = idem_with(&with_tenant, &[("IDEM_CREDENTIAL", "Bearer owner")], "");
+    assert_eq!(code, 2, "{err}");
+    let (code, _, err) = idem_with(&from_stdin, &[], "\n");
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("empty"), "{err}");
+}
+
+// Exit codes
+
+#[test]
+fn exit_codes_follow_one_table() {
+    // 2: usage and configuration errors.
+    let (code, _, err) = idem(&["serve", "--store", "memory:"]);
+    assert_eq!(code, 2, "no upstream: {err}");
+    let long = "k".repeat(300);
+    let (code, _, err) = idem(&["records", "get", &long, "--store", "memory:"]);
+    assert_eq!(code, 2, "invalid key: {err}");
+    let (code, _, err) = idem(&[
+        "records",
+        "purge",
+        "--store",
+        "memory:",
+        "--older-than",
+        "soon",
+    ]);
+    assert_eq!(code, 2, "bad duration: {err}");
+    let (code, _, err) = idem(&["records", "stale", "--store", "mysql://h/db"]);
+    assert_eq!(code, 2, "unknown store: {err}");
+    let (code, _, err) = idem(&["demo", "--clients", "0"]);
+    assert_eq!(code, 2, "demo flags: {err}");
+    let (code, _, err) = idem(&["no-such-command"]);
+    assert_eq!(code, 2, "{err}");
+
+    // 3: records get finds nothing.
+    let (code, out, err) = idem(&[
+        "records",
+        "get",
+        "absent-key-0123456789",
+        "--store",
+        "memory:",
+    ]);
+    assert_eq!(code, 3, "{err}");
+    assert!(out.is_empty() && err.contains("no live record"), "{err}");
+    let (code, _, err) = idem(&[
+        "records",
+        "get",
+        "absent-key-0123456789",
+        "--store",
+        "memory:",
+        "--path",
+        "/orders",
+    ]);
+    assert_eq!(code, 3, "{err}");
+
+    // 1: runtime failures: a store that cannot be reached, a port in use.
+    let unreachable = "postgres://postgres@127.0.0.1:1/none";
+    for args in [
+        &["records", "stale", "--store", unreachable][..],
+        &[
+            "records",
+            "get",
+            "some-key-0123456789",
+            "--store",
+            unreachable,
+        ][..],
+        &["records", "purge", "--store", unreachable][..],
+        &[
+            "serve",
+            "--upstream",
+            "http://127.0.0.1:1",
+            "--store",
+            unreachable,
+        ][..],
+    ] {
+        let (code, _, err) = idem(args);
+        assert_eq!(code, 1, "{args:?}: {err}");
+        assert!(err.contains("cannot reach store"), "{args:?}: {err}");
+    }
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = listener.local_addr().unwrap().to_string();
+    let admin = format!("127.0.0.1:{}", support::free_port());
+    let (code, _, err) = idem(&[
+        "serve",
+        "--upstream",
+        "http://127.0.0.1:1",
+        "--store",
+        "memory:",
+        "--listen",
+        &taken,
+        "--admin-listen",
+        &admin,
+    ]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("cannot listen"), "{err}");
+
+    // 0: check-config of a valid configuration.
+    let (code, _, err) = idem(&["check-config", "--upstream", "http://127.0.0.1:1"]);
+    assert_eq!(code, 0, "{err}");
+}
