@@ -85,6 +85,16 @@ where
     // The key.
     let mut values = parts.headers.get_all(&shared.key_header).iter();
     let raw = match (values.next(), values.next()) {
+        // A key under the standard name where another is configured: the
+        // client (idem's own retry client, for one) believes it is
+        // protected and will retry; passing it through unprotected could
+        // execute it twice.
+        (None, _)
+            if shared.key_header != IDEMPOTENCY_KEY
+                && parts.headers.contains_key(IDEMPOTENCY_KEY) =>
+        {
+            return Ok(shared.reject_key_header(Rejection::MissingKey));
+        }
         (None, _) if rule.key == KeyRequirement::Optional => {
             return pass(inner, parts, body).await;
         }

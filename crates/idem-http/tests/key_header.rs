@@ -115,6 +115,38 @@ async fn idempotency_key_alone_is_a_missing_key(store: Arc<dyn Store>) {
     assert_eq!(resp.status(), StatusCode::OK);
 }
 
+/// On a route whose key is optional, a request that carries its key under
+/// the standard name only is refused, not passed through unprotected: its
+/// client believes it may retry it. Keyless requests still pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_under_the_standard_name_is_never_passed_through_unprotected() {
+    let app = spawn_app(Arc::new(idem_core::MemoryStore::new()), |b| {
+        b.key_header(HeaderName::from_static(HEADER))
+            .route(idem_http::RouteRule::post("/orders").key(idem_http::KeyRequirement::Optional))
+    })
+    .await;
+    let k = key();
+    for _ in 0..2 {
+        let resp = post(&app, &[("idempotency-key", &k)], "{}")
+            .send()
+            .await
+            .unwrap();
+        let body = problem(resp, StatusCode::BAD_REQUEST, "missing-key").await;
+        assert!(
+            body["detail"].as_str().unwrap().contains("X-Request-Key"),
+            "{body}"
+        );
+    }
+    assert_eq!(app.executions(), 0);
+    let resp = post(&app, &[], "{}").send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::CREATED);
+    let resp = post(&app, &[(HEADER, &k)], "{}").send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::CREATED);
+    let resp = post(&app, &[(HEADER, &k)], "{}").send().await.unwrap();
+    assert_eq!(resp.headers()["idempotent-replayed"], "true");
+    assert_eq!(app.executions(), 2);
+}
+
 macro_rules! per_store {
     ($($store:ident),*) => {
         $(

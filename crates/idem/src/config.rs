@@ -743,12 +743,26 @@ impl GatewayConfig {
 }
 
 /// `--upstream`: an http:// URL with a host.
+/// Never echoes the text whole: an upstream URL may carry a password.
 fn upstream_url(text: &str) -> anyhow::Result<http::Uri> {
-    let upstream: http::Uri = text
-        .parse()
-        .with_context(|| format!("--upstream {text:?} is not a URL"))?;
+    let shown = || crate::stores::redact(text);
+    let Ok(upstream) = text.parse::<http::Uri>() else {
+        bail!("--upstream {} is not a URL", shown());
+    };
     if upstream.scheme_str() != Some("http") || upstream.authority().is_none() {
-        bail!("--upstream must be an http:// URL with a host, not {upstream}");
+        bail!(
+            "--upstream must be an http:// URL with a host, not {}",
+            shown()
+        );
+    }
+    if upstream
+        .authority()
+        .is_some_and(|a| a.as_str().contains('@'))
+    {
+        bail!(
+            "--upstream must not carry user information ({}): the gateway never sends it, and it would reach the logs",
+            shown()
+        );
     }
     Ok(upstream)
 }

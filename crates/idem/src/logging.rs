@@ -47,7 +47,11 @@ pub(crate) fn init(level: Option<&str>, format: LogFormat) -> anyhow::Result<()>
         Err(std::env::VarError::NotUnicode(_)) => return Err(anyhow!("RUST_LOG is not UTF-8")),
     };
     let (origin, spec) = chosen_filter(level, rust_log.as_deref());
-    let filter = parse_filter(spec).with_context(|| format!("{origin} {spec:?}"))?;
+    // A bare word on our own flag must be a level (a typo would otherwise
+    // read as a target and silence every other log); RUST_LOG, shared with
+    // other tools, takes the whole EnvFilter syntax.
+    let strict = origin == "--log-level";
+    let filter = parse_filter(spec, strict).with_context(|| format!("{origin} {spec:?}"))?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -68,9 +72,9 @@ fn chosen_filter<'a>(level: Option<&'a str>, rust_log: Option<&'a str>) -> (&'st
     }
 }
 
-/// Parses a level or an `EnvFilter` directive list, refusing a bare word
-/// that is not a level.
-fn parse_filter(spec: &str) -> anyhow::Result<EnvFilter> {
+/// Parses a level or an `EnvFilter` directive list; `strict` refuses a
+/// bare word that is not a level.
+fn parse_filter(spec: &str, strict: bool) -> anyhow::Result<EnvFilter> {
     let directives: Vec<&str> = spec
         .split(',')
         .map(str::trim)
@@ -83,7 +87,7 @@ fn parse_filter(spec: &str) -> anyhow::Result<EnvFilter> {
     }
     for d in &directives {
         let bare = !d.contains('=') && !d.contains('[');
-        if bare && LevelFilter::from_str(d).is_err() {
+        if strict && bare && LevelFilter::from_str(d).is_err() {
             return Err(anyhow!(
                 "{d:?} is neither a level (error, warn, info, debug, trace, off) nor TARGET=LEVEL"
             ));
@@ -119,14 +123,14 @@ mod tests {
             "idem=trace, hyper=off",
             "idem_http[request]=debug",
         ] {
-            assert!(parse_filter(ok).is_ok(), "{ok}");
+            assert!(parse_filter(ok, true).is_ok(), "{ok}");
         }
     }
 
     #[test]
     fn typos_and_bad_levels_are_refused() {
         for bad in ["inf", "", " , ", "warn,verbose", "idem=loud"] {
-            assert!(parse_filter(bad).is_err(), "{bad:?}");
+            assert!(parse_filter(bad, true).is_err(), "{bad:?}");
         }
     }
 }

@@ -22,8 +22,18 @@ const CREDENTIAL_ENV: &str = "IDEM_CREDENTIAL";
 
 /// Parses `--store` (here, not in clap: clap would echo a refused URL,
 /// password and all) and opens it.
+///
+/// An SQLite store must exist: opening would create an empty one, and a
+/// mistyped path would then read as "no such record" (exit 3) or purge
+/// nothing.
 async fn open(url: &str) -> anyhow::Result<std::sync::Arc<dyn idem_core::Store>> {
-    url.parse::<StoreUrl>().context("--store")?.open().await
+    let store = url.parse::<StoreUrl>().context("--store").or_usage()?;
+    if let StoreUrl::Sqlite(path) = &store
+        && !path.exists()
+    {
+        return Err(anyhow!("--store: no SQLite store at {}", path.display())).or_usage();
+    }
+    store.open().await
 }
 
 /// Where `records get` takes the caller's scope from.
@@ -36,7 +46,10 @@ enum ScopeInput {
 
 /// The scope, from exactly one of `--tenant`, `--credential-stdin` and
 /// `IDEM_CREDENTIAL` (more than one is refused: they could name different
-/// callers). An empty `IDEM_CREDENTIAL` counts as unset.
+/// callers). A set but empty `IDEM_CREDENTIAL` is refused: it is what
+/// `IDEM_CREDENTIAL="$TOKEN"` gives when `TOKEN` is unset, and reading the
+/// anonymous scope instead would answer "not found" for a record that
+/// exists.
 fn scope_input(
     tenant: Vec<String>,
     credential_stdin: bool,
@@ -48,7 +61,9 @@ fn scope_input(
         );
     }
     let from_env = match std::env::var(CREDENTIAL_ENV) {
-        Ok(v) if v.is_empty() => None,
+        Ok(v) if v.is_empty() => {
+            bail!("{CREDENTIAL_ENV} is set but empty; unset it to read the anonymous scope")
+        }
         Ok(v) => Some(v),
         Err(std::env::VarError::NotPresent) => None,
         Err(std::env::VarError::NotUnicode(_)) => bail!("{CREDENTIAL_ENV} is not valid UTF-8"),

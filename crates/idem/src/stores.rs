@@ -119,22 +119,39 @@ pub(crate) fn redact_uri(uri: &http::Uri) -> String {
 /// info (up to the last `@`, so a raw `@` in a password is covered too) and
 /// the value of any query parameter whose name mentions a password.
 pub(crate) fn redact(url: &str) -> String {
-    let (base, query) = match url.split_once('?') {
-        Some((b, q)) => (b, Some(q)),
-        None => (url, None),
+    let Some(s) = url.find("://") else {
+        // Not a URL (a libpq `key=value` string, a typo): it may hold a
+        // password anywhere, so none of it is shown.
+        return "(not shown: not a URL)".to_owned();
     };
-    let mut out = match (base.find("://"), base.rfind('@')) {
-        (Some(s), Some(at)) if at > s => match base[s + 3..at].split_once(':') {
-            Some((user, _)) => format!("{}{user}:***{}", &base[..s + 3], &base[at..]),
-            None => base.to_owned(),
-        },
-        _ => base.to_owned(),
+    let (scheme, after) = url.split_at(s + 3);
+    let mut out = scheme.to_owned();
+    // Drivers differ on where the user info ends; the last '@' covers a
+    // raw '@', '?' or '/' in a password whichever they pick.
+    let rest = match after.rfind('@') {
+        Some(at) => {
+            match after[..at].split_once(':') {
+                Some((user, _)) => {
+                    out.push_str(user);
+                    out.push_str(":***@");
+                }
+                // A lone user info may be a token: not shown either.
+                None => out.push_str("***@"),
+            }
+            &after[at + 1..]
+        }
+        None => after,
     };
+    let (path, query) = match rest.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (rest, None),
+    };
+    out.push_str(path);
     if let Some(query) = query {
         let params: Vec<String> = query
             .split('&')
             .map(|p| match p.split_once('=') {
-                Some((k, _)) if k.to_ascii_lowercase().contains("pass") => format!("{k}=***"),
+                Some((k, _)) if names_a_password(k) => format!("{k}=***"),
                 _ => p.to_owned(),
             })
             .collect();
@@ -142,6 +159,15 @@ pub(crate) fn redact(url: &str) -> String {
         out.push_str(&params.join("&"));
     }
     out
+}
+
+/// Whether a query parameter's name, percent-decoded as drivers decode
+/// it, is about a password.
+fn names_a_password(name: &str) -> bool {
+    percent_encoding::percent_decode_str(name)
+        .decode_utf8_lossy()
+        .to_ascii_lowercase()
+        .contains("pass")
 }
 
 #[cfg(test)]
@@ -153,6 +179,21 @@ mod tests {
         assert_eq!(redact("postgres://u:secret@h/db"), "postgres://u:***@h/db");
         assert_eq!(redact("redis://h:6379"), "redis://h:6379");
         assert_eq!(redact("postgres://u:p@ss@h/db"), "postgres://u:***@h/db");
+        assert_eq!(redact("postgres://u:s3?cret@h/db"), "postgres://u:***@h/db");
+        assert_eq!(redact("postgres://u:s3/cret@h/db"), "postgres://u:***@h/db");
+        assert_eq!(redact("redis://s3cret@h:6379"), "redis://***@h:6379");
+        for hidden in [
+            "postgres://h/db?%70assword=s3cret",
+            "postgres://h/db?PASSWORD=s3cret&x=1",
+            "host=h user=u password=s3cret",
+            "s3cret",
+        ] {
+            assert!(
+                !redact(hidden).contains("s3cret"),
+                "{hidden}: {}",
+                redact(hidden)
+            );
+        }
         assert_eq!(
             redact("postgres://h/db?user=u&password=secret&sslmode=require"),
             "postgres://h/db?user=u&password=***&sslmode=require"

@@ -301,7 +301,16 @@ fn bad_log_settings_are_usage_errors() {
         assert!(err.contains("--log-"), "{args:?}: {err}");
         assert!(out.is_empty(), "{args:?}: {out}");
     }
-    for (var, value) in [("RUST_LOG", "verbose"), ("IDEM_LOG_FORMAT", "yaml")] {
+    // RUST_LOG is shared with other tools: any EnvFilter syntax is taken
+    // (a bare word is a target), but a directive that does not parse is not.
+    let out = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["records", "stale", "--store", "memory:"])
+        .env_remove("IDEM_LOG_FORMAT")
+        .env("RUST_LOG", "myapp")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "RUST_LOG=myapp");
+    for (var, value) in [("RUST_LOG", "idem=loud"), ("IDEM_LOG_FORMAT", "yaml")] {
         let out = Command::new(env!("CARGO_BIN_EXE_idem"))
             .args(["records", "stale", "--store", "memory:"])
             .env_remove("RUST_LOG")

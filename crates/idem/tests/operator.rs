@@ -477,3 +477,83 @@ fn exit_codes_follow_one_table() {
     let (code, _, err) = idem(&["check-config", "--upstream", "http://127.0.0.1:1"]);
     assert_eq!(code, 0, "{err}");
 }
+
+/// Passwords in store and upstream URLs never reach the output, whatever
+/// odd place they sit in; an upstream with user information is refused.
+#[test]
+fn passwords_in_urls_never_reach_the_output() {
+    for store in [
+        "postgres://u:s3?cret@h/db",
+        "postgres://u:s3/cret@h/db",
+        "postgres://h/db?%70assword=s3cret",
+        "redis://s3cret@h:6379",
+    ] {
+        let (code, out, err) = idem(&[
+            "check-config",
+            "--upstream",
+            "http://127.0.0.1:1",
+            "--store",
+            store,
+        ]);
+        assert_eq!(code, 0, "{store}: {err}");
+        assert!(
+            !out.contains("s3cret") && !err.contains("s3cret"),
+            "{store}: {out}{err}"
+        );
+    }
+    let (code, out, err) = idem(&["records", "stale", "--store", "host=h password=s3cret"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(!out.contains("s3cret") && !err.contains("s3cret"), "{err}");
+    for upstream in [
+        "http://svc:s3cret@h/",
+        "http://svc:s3cret@h:99999999/",
+        "https://svc:s3cret@h/",
+    ] {
+        let (code, out, err) = idem(&["check-config", "--upstream", upstream]);
+        assert_eq!(code, 2, "{upstream}: {err}");
+        assert!(err.contains("--upstream"), "{upstream}: {err}");
+        assert!(
+            !out.contains("s3cret") && !err.contains("s3cret"),
+            "{upstream}: {err}"
+        );
+    }
+}
+
+/// `records` never creates a store: a mistyped SQLite path is a usage
+/// error, not "no such record"; a set but empty credential is refused
+/// rather than read as the anonymous scope.
+#[test]
+fn records_never_mistake_a_typo_for_an_empty_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let typo = dir.path().join("typo.db");
+    let store = format!("sqlite:{}", typo.display());
+    for args in [
+        vec![
+            "records",
+            "get",
+            "some-key-0123456789",
+            "--store",
+            store.as_str(),
+        ],
+        vec!["records", "stale", "--store", store.as_str()],
+        vec!["records", "purge", "--store", store.as_str()],
+    ] {
+        let (code, _, err) = idem(&args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains("no SQLite store"), "{err}");
+        assert!(!typo.exists(), "{args:?} created the file");
+    }
+    let (code, _, err) = idem_with(
+        &[
+            "records",
+            "get",
+            "some-key-0123456789",
+            "--store",
+            "memory:",
+        ],
+        &[("IDEM_CREDENTIAL", "")],
+        "",
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("empty"), "{err}");
+}
