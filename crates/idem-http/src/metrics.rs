@@ -3,12 +3,13 @@
 //!
 //! | name | kind | labels |
 //! |---|---|---|
-//! | `idem_requests_total` | counter | `outcome`: executed, replayed, conflict, mismatch, missing_key, invalid_key, store_unavailable, released, invalid_request |
+//! | `idem_requests_total` | counter | `outcome`: executed, replayed, conflict, mismatch, missing_key, invalid_key, store_unavailable, released, invalid_request, held |
 //! | `idem_lease_takeovers_total` | counter | |
 //! | `idem_records_in_progress` | gauge | (this process's executions) |
 //! | `idem_in_progress_oldest_seconds` | gauge | |
 //! | `idem_store_duration_seconds` | histogram | `op`: claim, complete, release, get |
 //! | `idem_stale_completions_total` | counter | (an executor lost its lease before finishing) |
+//! | `idem_unrecorded_completions_total` | counter | (answered, but the store failed for the whole lease: the record stays in progress) |
 //! | `idem_replay_cache_hits_total` | counter | (replays answered from memory, without the store) |
 
 use std::collections::BTreeMap;

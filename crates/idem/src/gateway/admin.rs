@@ -1,14 +1,19 @@
-//! The admin listener: `/metrics`, `/healthz`, `/readyz`.
+//! The admin listener: `/metrics`, `/healthz`, `/readyz`, and
+//! `/openapi.json` (the OpenAPI document of what the gateway adds to any
+//! API, `crates/idem/openapi/idem-gateway.json`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
 use axum::routing::get;
 use idem_core::{Key, Operation, RecordId, Scope, Store, Timestamp};
 use metrics_exporter_prometheus::PrometheusHandle;
+
+/// The OpenAPI 3.1 document, as kept in the repository.
+const OPENAPI_JSON: &str = include_str!("../../openapi/idem-gateway.json");
 
 #[derive(Clone)]
 struct Admin {
@@ -24,6 +29,10 @@ pub(crate) fn router(store: Arc<dyn Store>, prometheus: PrometheusHandle) -> Rou
         )
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
+        .route(
+            "/openapi.json",
+            get(|| async { ([(header::CONTENT_TYPE, "application/json")], OPENAPI_JSON) }),
+        )
         .with_state(Admin { store, prometheus })
 }
 
