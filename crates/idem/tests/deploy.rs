@@ -190,23 +190,7 @@ fn scraped_types(scrape: &str) -> BTreeSet<(String, String)> {
 /// once the series those produce are all there.
 async fn scrape_after_traffic() -> String {
     let (_up, up) = upstream();
-    let g = gateway(
-        &up,
-        "memory:",
-        &[
-            "--ttl",
-            "1s",
-            "--lease",
-            "800ms",
-            "--upstream-timeout",
-            "500ms",
-            "--store-timeout",
-            "200ms",
-            "--sweep-interval",
-            "100ms",
-        ],
-    )
-    .await;
+    let g = gateway(&up, "memory:", &support::SHORT_LIVED).await;
     let c = reqwest::Client::new();
     let key = |tag: &str| format!("deploy-{tag}-{}-0000000", std::process::id());
     let post = |path: &str, k: &str, body: &'static str| {

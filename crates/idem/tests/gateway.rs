@@ -506,23 +506,7 @@ async fn metrics_and_health_on_the_admin_listener() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sweeper_purges_expired_records() {
     let (_up, up) = upstream();
-    let g = gateway(
-        &up,
-        "memory:",
-        &[
-            "--ttl",
-            "1s",
-            "--lease",
-            "800ms",
-            "--upstream-timeout",
-            "500ms",
-            "--store-timeout",
-            "200ms",
-            "--sweep-interval",
-            "100ms",
-        ],
-    )
-    .await;
+    let g = gateway(&up, "memory:", &support::SHORT_LIVED).await;
     let c = reqwest::Client::new();
     for i in 0..3 {
         let r = c

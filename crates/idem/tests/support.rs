@@ -43,6 +43,21 @@ impl Proc {
     }
 }
 
+/// Gateway flags for records that expire within a second, swept every
+/// 100 ms (timeouts shortened to fit under the lease).
+pub const SHORT_LIVED: [&str; 10] = [
+    "--ttl",
+    "1s",
+    "--lease",
+    "800ms",
+    "--upstream-timeout",
+    "500ms",
+    "--store-timeout",
+    "200ms",
+    "--sweep-interval",
+    "100ms",
+];
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
