@@ -69,6 +69,32 @@ impl PostgresStoreBuilder {
         self
     }
 
+    /// Checks the URL and the schema name as [`connect`](Self::connect)
+    /// reads them, without connecting (for configuration checks).
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::Setup`] for a URL the driver cannot read or a bad
+    /// schema name. The message names what is wrong, never the URL.
+    pub fn check(&self) -> Result<(), StoreError> {
+        self.parsed().map(drop)
+    }
+
+    fn parsed(&self) -> Result<tokio_postgres::Config, StoreError> {
+        if !schema::valid_schema_name(&self.schema) {
+            return Err(StoreError::new(
+                StoreErrorKind::Setup,
+                format!("postgres store: invalid schema name {:?}", self.schema),
+            ));
+        }
+        tokio_postgres::Config::from_str(&self.url).map_err(|e| {
+            StoreError::new(
+                StoreErrorKind::Setup,
+                "postgres store: invalid connection URL",
+            )
+            .with_source(e)
+        })
+    }
+
     /// Connects, then creates or migrates the schema.
     ///
     /// # Errors
@@ -76,19 +102,7 @@ impl PostgresStoreBuilder {
     /// newer than this code; [`StoreErrorKind::Unavailable`] when the server
     /// does not answer.
     pub async fn connect(self) -> Result<PostgresStore, StoreError> {
-        if !schema::valid_schema_name(&self.schema) {
-            return Err(StoreError::new(
-                StoreErrorKind::Setup,
-                format!("postgres store: invalid schema name {:?}", self.schema),
-            ));
-        }
-        let config = tokio_postgres::Config::from_str(&self.url).map_err(|e| {
-            StoreError::new(
-                StoreErrorKind::Setup,
-                "postgres store: invalid connection URL",
-            )
-            .with_source(e)
-        })?;
+        let config = self.parsed()?;
         let manager = Manager::from_config(
             config,
             NoTls,

@@ -40,15 +40,29 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Checks the URL as [`connect`](Self::connect) reads it, without
+    /// connecting (for configuration checks).
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::Setup`] for a URL the driver cannot read. The
+    /// message names what is wrong, never the URL.
+    pub fn check(&self) -> Result<(), StoreError> {
+        self.client().map(drop)
+    }
+
+    fn client(&self) -> Result<redis::Client, StoreError> {
+        redis::Client::open(self.url.as_str()).map_err(|e| {
+            StoreError::new(StoreErrorKind::Setup, "redis store: invalid URL").with_source(e)
+        })
+    }
+
     /// Connects.
     ///
     /// # Errors
     /// [`StoreErrorKind::Setup`] for a bad URL; [`StoreErrorKind::Unavailable`]
     /// when the server does not answer.
     pub async fn connect(self) -> Result<RedisStore, StoreError> {
-        let client = redis::Client::open(self.url.as_str()).map_err(|e| {
-            StoreError::new(StoreErrorKind::Setup, "redis store: invalid URL").with_source(e)
-        })?;
+        let client = self.client()?;
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(self.timeout))
             .set_connection_timeout(Some(self.timeout))

@@ -39,6 +39,11 @@ pub(crate) enum StoreUrlError {
     NotBuiltIn(&'static str),
     #[error("unknown store {0:?}: use memory:, sqlite:PATH, postgres://... or redis://...")]
     Unknown(String),
+    /// The driver cannot read the URL (its message names the part, never
+    /// the URL).
+    #[cfg(any(feature = "postgres", feature = "redis"))]
+    #[error("{0}")]
+    Unreadable(String),
 }
 
 impl FromStr for StoreUrl {
@@ -57,13 +62,19 @@ impl FromStr for StoreUrl {
         }
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             #[cfg(feature = "postgres")]
-            return Ok(StoreUrl::Postgres(url.to_owned()));
+            return idem_postgres::PostgresStore::builder(url)
+                .check()
+                .map(|()| StoreUrl::Postgres(url.to_owned()))
+                .map_err(|e| StoreUrlError::Unreadable(e.to_string()));
             #[cfg(not(feature = "postgres"))]
             return Err(StoreUrlError::NotBuiltIn("postgres"));
         }
         if url.starts_with("redis://") {
             #[cfg(feature = "redis")]
-            return Ok(StoreUrl::Redis(url.to_owned()));
+            return idem_redis::RedisStore::builder(url)
+                .check()
+                .map(|()| StoreUrl::Redis(url.to_owned()))
+                .map_err(|e| StoreUrlError::Unreadable(e.to_string()));
             #[cfg(not(feature = "redis"))]
             return Err(StoreUrlError::NotBuiltIn("redis"));
         }
@@ -202,6 +213,26 @@ mod tests {
         assert_eq!(url.to_string(), "postgres://u:***@h/db");
         let unknown = "mysql://u:secret@h/db".parse::<StoreUrl>().unwrap_err();
         assert!(!unknown.to_string().contains("secret"), "{unknown}");
+    }
+
+    #[cfg(all(feature = "postgres", feature = "redis"))]
+    #[test]
+    fn urls_the_drivers_cannot_read_are_refused_without_their_password() {
+        for url in [
+            "postgres://u:s3cret@h:54x2/db",
+            "postgres://u:s3cret@h/db?no_such_option=1",
+            "redis://:s3cret@h:notaport",
+        ] {
+            let e = url.parse::<StoreUrl>().unwrap_err();
+            assert!(matches!(e, StoreUrlError::Unreadable(_)), "{url}: {e:?}");
+            assert!(!e.to_string().contains("s3cret"), "{url}: {e}");
+        }
+        assert!(
+            "postgres://u:s3cret@h:5432/db?sslmode=disable"
+                .parse::<StoreUrl>()
+                .is_ok()
+        );
+        assert!("redis://:s3cret@h:6379/0".parse::<StoreUrl>().is_ok());
     }
 
     #[test]

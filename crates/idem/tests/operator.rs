@@ -519,6 +519,30 @@ fn passwords_in_urls_never_reach_the_output() {
     }
 }
 
+/// A store URL its driver cannot read is a configuration error found by
+/// `check-config` (exit 2), not a runtime failure found at start.
+#[test]
+fn store_urls_are_checked_as_their_driver_reads_them() {
+    for store in [
+        "postgres://u:s3cret@h:54x2/db",
+        "redis://:s3cret@h:notaport",
+    ] {
+        let (code, out, err) = idem(&[
+            "check-config",
+            "--upstream",
+            "http://127.0.0.1:1",
+            "--store",
+            store,
+        ]);
+        assert_eq!(code, 2, "{store}: {out}{err}");
+        assert!(err.contains("store"), "{store}: {err}");
+        assert!(
+            !out.contains("s3cret") && !err.contains("s3cret"),
+            "{store}: {err}"
+        );
+    }
+}
+
 /// `records` never creates a store: a mistyped SQLite path is a usage
 /// error, not "no such record"; a set but empty credential is refused
 /// rather than read as the anonymous scope.
