@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use idem_core::{
     BoxFuture, Claim, ClaimRequest, Completion, Concurrency, Fence, FieldSelection, Fingerprint,
     Key, MemoryStore, Operation, Policy, Record, RecordId, Scope, Settled, StaleCursor, Store,
-    StoreError, StoredResponse, Timestamp,
+    StoreError, Timestamp,
 };
 use support::{key, spawn_app};
 
@@ -133,26 +133,7 @@ async fn records_of_the_version_1_fingerprint_keep_replaying() {
     let id = RecordId::new(Scope::anonymous(), op.clone(), Key::new(k.clone()).unwrap());
     let v1 = Fingerprint::compute_v1(&op, Some("application/json"), body, &FieldSelection::Whole);
     assert_eq!(v1.version(), 1);
-    let now = Timestamp::now();
-    let req = ClaimRequest {
-        id: id.clone(),
-        fingerprint: v1,
-        now,
-        lease: Duration::from_secs(30),
-        ttl: Duration::from_secs(3600),
-    };
-    let Claim::Acquired(lease) = store.claim(&req).await.unwrap() else {
-        panic!("fresh key")
-    };
-    let stored = StoredResponse {
-        status: 201,
-        headers: vec![("content-type".into(), b"text/plain".to_vec())],
-        body: b"from the old release".to_vec(),
-    };
-    let _ = store
-        .complete(&id, lease.fence, Completion::completed(stored), now)
-        .await
-        .unwrap();
+    let req = support::complete_as_an_old_release(&*store, &id, v1).await;
 
     // An in-progress version-1 record is in flight to the same request.
     let k2 = key();

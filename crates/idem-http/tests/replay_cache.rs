@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::{
-    Claim, ClaimRequest, Completion, Concurrency, FieldSelection, Fingerprint, Key, MemoryStore,
-    Operation, Policy, RecordId, Scope, Store, StoredResponse, Timestamp,
+    Concurrency, FieldSelection, Fingerprint, Key, MemoryStore, Operation, Policy, RecordId, Scope,
+    Store,
 };
 use idem_http::RouteRule;
 use reqwest::{Method, StatusCode};
@@ -348,26 +348,7 @@ async fn version_1_records_replay_right_with_the_cache_on() {
     let k = key();
     let id = RecordId::new(Scope::anonymous(), op.clone(), Key::new(k.clone()).unwrap());
     let v1 = Fingerprint::compute_v1(&op, Some("application/json"), body, &FieldSelection::Whole);
-    let now = Timestamp::now();
-    let req = ClaimRequest {
-        id: id.clone(),
-        fingerprint: v1,
-        now,
-        lease: Duration::from_secs(30),
-        ttl: Duration::from_secs(3600),
-    };
-    let Claim::Acquired(lease) = inner.claim(&req).await.unwrap() else {
-        panic!("fresh key")
-    };
-    let stored = StoredResponse {
-        status: 201,
-        headers: vec![("content-type".into(), b"text/plain".to_vec())],
-        body: b"from the old release".to_vec(),
-    };
-    let _ = inner
-        .complete(&id, lease.fence, Completion::completed(stored), now)
-        .await
-        .unwrap();
+    support::complete_as_an_old_release(&*inner, &id, v1).await;
     let switch = Arc::new(SwitchStore::new(inner));
     let app = spawn_app(switch.clone(), |b| b).await;
     for _ in 0..3 {

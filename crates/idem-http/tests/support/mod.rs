@@ -271,6 +271,37 @@ impl Store for SwitchStore {
     }
 }
 
+/// Claims `id` with fingerprint `fingerprint` and completes it with a 201
+/// "from the old release", as a gateway of an older release would have
+/// (for records of fingerprint version 1); gives the claim request.
+pub async fn complete_as_an_old_release(
+    store: &dyn Store,
+    id: &RecordId,
+    fingerprint: idem_core::Fingerprint,
+) -> ClaimRequest {
+    let now = Timestamp::now();
+    let req = ClaimRequest {
+        id: id.clone(),
+        fingerprint,
+        now,
+        lease: std::time::Duration::from_secs(30),
+        ttl: std::time::Duration::from_secs(3600),
+    };
+    let Claim::Acquired(lease) = store.claim(&req).await.unwrap() else {
+        panic!("fresh key")
+    };
+    let stored = idem_core::StoredResponse {
+        status: 201,
+        headers: vec![("content-type".into(), b"text/plain".to_vec())],
+        body: b"from the old release".to_vec(),
+    };
+    let _ = store
+        .complete(id, lease.fence, Completion::completed(stored), now)
+        .await
+        .unwrap();
+    req
+}
+
 pub async fn memory() -> Option<Arc<dyn Store>> {
     Some(Arc::new(MemoryStore::new()))
 }
