@@ -32,7 +32,7 @@ fi
 NGINX="$(command -v nginx || echo /usr/sbin/nginx)"
 
 if [ -z "${IDEM_BENCH_BIN:-}" ]; then
-    cargo build -q --release -p idem
+    cargo build -q --release -p idem-cli
     BIN="$PWD/target/release/idem"
 else
     BIN="$IDEM_BENCH_BIN"

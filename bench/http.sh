@@ -6,4 +6,4 @@
 # (IDEM_BENCH_SECS).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo bench -q -p idem --bench http
+cargo bench -q -p idem-cli --bench http

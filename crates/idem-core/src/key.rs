@@ -11,6 +11,11 @@
 //! A quoted value must be a complete sf-string and nothing else: parameters
 //! after the closing quote are refused, because a key whose meaning depends
 //! on how a server treats parameters is not one key.
+//!
+//! Both forms name the same key: `"8e03978e-40d5"` and `8e03978e-40d5` are
+//! one record, so a client that changes form between two attempts replays
+//! instead of executing twice. Clients write the sf-string form
+//! ([`Key::to_sf_string`]), as the draft does.
 
 use std::fmt;
 
@@ -51,9 +56,46 @@ impl Key {
         Ok(Key(value))
     }
 
+    /// Parses a raw header value for its syntax alone (an sf-string or a
+    /// bare value, as [`Key::parse`] reads it), with no [`KeyPolicy`]: what
+    /// a client does with a key its caller put on a request, before sending
+    /// it on. Bytes outside ASCII are refused as [`KeyError::InvalidCharacter`].
+    ///
+    /// # Errors
+    /// A [`KeyError`] naming the rule the value broke.
+    pub fn from_header_value(raw: &[u8]) -> Result<Key, KeyError> {
+        let text = std::str::from_utf8(raw).map_err(|e| {
+            let at = e.valid_up_to();
+            KeyError::InvalidCharacter {
+                byte: raw.get(at).copied().unwrap_or(0),
+                at,
+            }
+        })?;
+        parse_value(text).map(Key)
+    }
+
     /// The key as the client sent it, without quotes or escapes.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// The key as an RFC 8941 sf-string, the form
+    /// draft-ietf-httpapi-idempotency-key-header writes
+    /// (`"8e03978e-40d5-43e8-bc93-6894a57f9324"`): the key between double
+    /// quotes, with `"` and `\` escaped. Always a valid header value, since
+    /// a key holds printable ASCII only; [`Key::parse`] reads it back as
+    /// this key.
+    pub fn to_sf_string(&self) -> String {
+        let mut out = String::with_capacity(self.0.len() + 2);
+        out.push('"');
+        for c in self.0.chars() {
+            if matches!(c, '"' | '\\') {
+                out.push('\\');
+            }
+            out.push(c);
+        }
+        out.push('"');
+        out
     }
 
     /// A short, stable hash of the key, for logs: the key itself may be a
@@ -361,5 +403,165 @@ mod tests {
     fn debug_never_shows_the_key() {
         let k = parse("super-secret-looking-key-1").unwrap();
         assert!(!format!("{k:?}").contains("super-secret"));
+    }
+
+    #[test]
+    fn the_sf_string_form_escapes_quotes_and_backslashes() {
+        let k = Key::new(r#"order "42" \ retry"#).unwrap();
+        assert_eq!(k.to_sf_string(), r#""order \"42\" \\ retry""#);
+        let uuid = Key::new("8e03978e-40d5-43e8-bc93-6894a57f9324").unwrap();
+        assert_eq!(
+            uuid.to_sf_string(),
+            "\"8e03978e-40d5-43e8-bc93-6894a57f9324\""
+        );
+    }
+
+    #[test]
+    fn header_values_are_read_for_their_syntax_alone() {
+        // No policy: short keys and JWT shapes are the server's business.
+        assert_eq!(Key::from_header_value(b"\"k\"").unwrap().as_str(), "k");
+        assert_eq!(Key::from_header_value(b"k").unwrap().as_str(), "k");
+        assert_eq!(
+            Key::from_header_value(b"\"ab\xe9cd\""),
+            Err(KeyError::InvalidCharacter { byte: 0xe9, at: 3 })
+        );
+        assert_eq!(
+            Key::from_header_value("\"ab\u{e9}cd\"".as_bytes()),
+            Err(KeyError::InvalidCharacter { byte: 0xc3, at: 2 })
+        );
+        assert!(matches!(
+            Key::from_header_value(b"\"k"),
+            Err(KeyError::Malformed(_))
+        ));
+    }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        /// The syntax alone: every policy rule off, any length.
+        fn syntax() -> KeyPolicy {
+            KeyPolicy::default()
+                .min_len(1)
+                .reject_credential(false)
+                .reject_jwt(false)
+        }
+
+        fn parse(raw: &str) -> Result<Key, KeyError> {
+            Key::parse(raw, &syntax(), None)
+        }
+
+        /// Printable ASCII, `"` and `\` included: any key.
+        fn any_key() -> impl Strategy<Value = String> {
+            "[ -~]{1,255}"
+        }
+
+        /// What a bare key may hold.
+        fn bare_key() -> impl Strategy<Value = String> {
+            "[!#-+\\--:<-\\[\\]-~]{1,255}"
+        }
+
+        /// The sf-string of `value` without its quotes: escaped units only.
+        fn inner(value: &str) -> String {
+            value.replace('\\', "\\\\").replace('"', "\\\"")
+        }
+
+        /// A character an sf-string may not hold: a control, DEL, or
+        /// anything beyond ASCII.
+        fn outside_printable_ascii() -> impl Strategy<Value = char> {
+            prop_oneof![
+                (0u8..0x20).prop_map(char::from),
+                Just('\u{7f}'),
+                any::<char>().prop_filter("beyond ASCII", |c| !c.is_ascii()),
+            ]
+        }
+
+        proptest! {
+            #[test]
+            fn any_input_gives_a_key_or_an_error_and_keys_round_trip(raw in ".{0,300}") {
+                if let Ok(key) = parse(&raw) {
+                    let s = key.as_str();
+                    prop_assert!((1..=MAX_KEY_LEN).contains(&s.len()));
+                    prop_assert!(s.bytes().all(|b| (0x20..=0x7e).contains(&b)));
+                    prop_assert_eq!(parse(&key.to_sf_string()), Ok(key));
+                }
+            }
+
+            #[test]
+            fn sf_string_like_input_gives_a_key_or_an_error(
+                raw in "[ \t]{0,2}\"([ -~]|\\\\.|[\\x00-\\x1f\\x7f\u{e9}]){0,40}\"?[ -~\\t]{0,4}"
+            ) {
+                let parsed = parse(&raw);
+                // The server's entry point and the client's agree.
+                prop_assert_eq!(&Key::from_header_value(raw.as_bytes()), &parsed);
+                if let Ok(key) = parsed {
+                    prop_assert_eq!(parse(&key.to_sf_string()), Ok(key));
+                }
+            }
+
+            #[test]
+            fn every_key_reads_back_from_its_sf_string(value in any_key()) {
+                let key = Key::new(value.clone()).unwrap();
+                let quoted = key.to_sf_string();
+                let parsed = parse(&quoted).unwrap();
+                prop_assert_eq!(parsed.as_str(), value.as_str());
+                prop_assert_eq!(Key::from_header_value(quoted.as_bytes()), Ok(key));
+            }
+
+            #[test]
+            fn quoted_and_bare_name_the_same_key(value in bare_key()) {
+                let bare = parse(&value).unwrap();
+                let quoted = parse(&format!("\"{value}\"")).unwrap();
+                prop_assert_eq!(&bare, &quoted);
+                prop_assert_eq!(bare.to_sf_string(), format!("\"{value}\""));
+            }
+
+            #[test]
+            fn an_unterminated_sf_string_is_malformed(value in any_key()) {
+                let quoted = Key::new(value).unwrap().to_sf_string();
+                let unterminated = &quoted[..quoted.len() - 1];
+                prop_assert_eq!(
+                    parse(unterminated),
+                    Err(KeyError::Malformed("missing closing quote"))
+                );
+            }
+
+            #[test]
+            fn anything_after_the_closing_quote_is_malformed(
+                value in any_key(),
+                after in "[ \t]{0,2}[!-~][ -~]{0,8}",
+            ) {
+                let quoted = Key::new(value).unwrap().to_sf_string();
+                let raw = format!("{quoted}{after}");
+                let parsed = parse(&raw);
+                prop_assert!(matches!(parsed, Err(KeyError::Malformed(_))), "{raw:?}: {parsed:?}");
+            }
+
+            #[test]
+            fn an_escape_other_than_quote_or_backslash_is_malformed(
+                before in "[ -~]{0,20}",
+                escaped in "[ -!#-\\[\\]-~]",
+                after in "[ -~]{0,20}",
+            ) {
+                let raw = format!("\"{}\\{escaped}{}\"", inner(&before), inner(&after));
+                prop_assert_eq!(
+                    parse(&raw),
+                    Err(KeyError::Malformed("only \\\" and \\\\ may be escaped"))
+                );
+            }
+
+            #[test]
+            fn a_character_outside_printable_ascii_is_refused(
+                before in "[ -~]{0,20}",
+                bad in outside_printable_ascii(),
+                after in "[ -~]{0,20}",
+            ) {
+                let raw = format!("\"{}{bad}{}\"", inner(&before), inner(&after));
+                let at = before.len();
+                let byte = raw.as_bytes()[inner(&before).len() + 1];
+                prop_assert_eq!(parse(&raw), Err(KeyError::InvalidCharacter { byte, at }));
+            }
+        }
     }
 }

@@ -88,3 +88,8 @@ pub use store::{
     StoreError, StoreErrorKind,
 };
 pub use time::Timestamp;
+
+/// The README's examples, compiled (and run, unless `no_run`) by `cargo test --doc`.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

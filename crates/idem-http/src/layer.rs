@@ -77,6 +77,11 @@ pub const DEFAULT_REPLAY_CACHE: usize = 16 * 1024 * 1024;
 ///
 /// Cheap to clone; clones share the store, the waiters and the shutdown
 /// handle.
+///
+/// With axum, add it with `Router::route_layer`, after the routes it
+/// protects, not with `Router::layer`: `layer` also wraps the fallback,
+/// so requests to unknown paths would be claimed and their 404s recorded
+/// and replayed (see the crate docs, *With axum*).
 #[derive(Clone)]
 pub struct IdempotencyLayer {
     shared: Arc<Shared>,

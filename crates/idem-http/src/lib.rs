@@ -12,7 +12,8 @@
 //!     .build();
 //! let app = Router::new()
 //!     .route("/transfers", post(|| async { "done" }))
-//!     .layer(layer);
+//!     // `route_layer`, not `layer`: see "With axum" below.
+//!     .route_layer(layer);
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await.unwrap();
 //! axum::serve(listener, app).await.unwrap();
 //! # }
@@ -49,6 +50,47 @@
 //! Every response to a keyed request carries `Idempotency-Key-Expires`.
 //! Every error is `application/problem+json` ([`Problem`], [`Rejection`]).
 //!
+//! # With axum
+//!
+//! Add the layer with [`Router::route_layer`](https://docs.rs/axum/0.8/axum/struct.Router.html#method.route_layer),
+//! after the routes it protects. `Router::layer` also wraps the fallback,
+//! so a POST to a path that has no route would be handled as a protected
+//! one: without a key it gets 400 instead of 404, and with a key it is
+//! claimed and its 404 stored as a `failed` record, replayed for the key's
+//! lifetime (24 h by default) even after the route is deployed, at the
+//! cost of a store write for every path a client probes. Under
+//! `route_layer` such a request gets the router's 404 and leaves no
+//! record. Routes added after it (the read path below) are not wrapped.
+//!
+//! With the `axum` feature, [`IdempotencyContext`] is an extractor: a
+//! handler takes `ctx: IdempotencyContext` (the claim the layer holds for
+//! this request), or `Option<IdempotencyContext>` on a route whose key is
+//! optional. Without the layer the extractor answers 500
+//! ([`MissingIdempotencyContext`], `urn:idem:problem:layer-missing`) and
+//! the handler does not run. A complete service, with the SQLite store
+//! and the read path: `examples/axum-payments` in the repository.
+//!
+//! ```no_run
+//! # #[cfg(feature = "axum")]
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use axum::{Router, routing::post};
+//! use idem_http::{IdempotencyContext, IdempotencyLayer};
+//!
+//! async fn create_payment(ctx: IdempotencyContext, body: String) -> String {
+//!     // The record this request executes under; a retry never gets here.
+//!     format!("payment for key {} ({} bytes)", ctx.id().key.as_str(), body.len())
+//! }
+//!
+//! let layer = IdempotencyLayer::new(idem_core::MemoryStore::new());
+//! let read_path = layer.read_path();
+//! let app: Router = Router::new()
+//!     .route("/payments", post(create_payment))
+//!     .route_layer(layer)
+//!     .route_service("/_idem/records/{key}", read_path);
+//! # let _ = app;
+//! # Ok(()) }
+//! ```
+//!
 //! # Reading a record
 //!
 //! [`IdempotencyLayer::read_path`] is a service answering
@@ -60,7 +102,8 @@
 //!
 //! With a SQL store the handler can commit its mutation and the record in
 //! one transaction: it reads [`IdempotencyContext`] from the request
-//! extensions, calls the store's `complete_atomically`, then
+//! extensions (or takes it as an extractor, with the `axum` feature),
+//! calls the store's `complete_atomically`, then
 //! [`IdempotencyContext::mark_completed`]. See the `idem-ledger` crate (`crates/idem-ledger`).
 //!
 //! # Shutdown
@@ -71,6 +114,8 @@
 
 mod body;
 mod context;
+#[cfg(feature = "axum")]
+mod extract;
 mod flow;
 mod layer;
 pub mod maintenance;
@@ -86,6 +131,8 @@ mod wait;
 
 pub use body::{Body, BoxError, boxed, full};
 pub use context::IdempotencyContext;
+#[cfg(feature = "axum")]
+pub use extract::MissingIdempotencyContext;
 pub use flow::{IDEMPOTENCY_KEY, OutcomeUnknown};
 pub use layer::{DEFAULT_REPLAY_CACHE, IdempotencyLayer, IdempotencyLayerBuilder, LayerHandle};
 pub use problem::{PROBLEM_JSON, Problem};
@@ -99,3 +146,8 @@ pub use rule::{
     KeyRequirement, MAX_SCOPE_HEADER_LEN, PathPattern, RouteRule, ScopeError, ScopeFn, ScopeSource,
 };
 pub use service::{Idempotency, ResponseFuture};
+
+/// The README's examples, compiled (and run, unless `no_run`) by `cargo test --doc`.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

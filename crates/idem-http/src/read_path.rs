@@ -6,11 +6,11 @@
 //! `?method=POST&path=/transfers/7` picks one operation when the key was
 //! used on several, otherwise the newest record is shown. Other methods
 //! get 405. Mount it next to the protected routes but outside the layer,
-//! e.g. with axum (routes added after `.layer` are not wrapped by it):
+//! e.g. with axum (routes added after `.route_layer` are not wrapped by it):
 //!
 //! ```ignore
 //! let read_path = layer.read_path();
-//! Router::new().route(...).layer(layer).route_service("/_idem/records/{key}", read_path)
+//! Router::new().route(...).route_layer(layer).route_service("/_idem/records/{key}", read_path)
 //! ```
 //!
 //! Records of the anonymous scope (callers without a credential) are not

@@ -13,11 +13,11 @@
 //! It runs on SQLite by default and on PostgreSQL when given a
 //! `postgres://` URL. `idem demo` drives it under injected faults.
 //!
-//! It is part of the product's demo, not a library: `idem demo` runs it
-//! (the `idem` binary depends on it), and it is the worked example of atomic
-//! mode that the README points to. It is not published; its schema and
-//! error texts are the simplest that make the point, and may change with the
-//! demo.
+//! It is part of the product's demo, not a library to build on: `idem demo`
+//! runs it (the `idem` binary, package `idem-cli`, depends on it, which is
+//! why it is published), and it is the worked example of atomic mode that
+//! the README points to. Its schema and error texts are the simplest that
+//! make the point, and may change with the demo in any release.
 
 use std::sync::Arc;
 
@@ -284,3 +284,8 @@ pub(crate) fn outcome<E>(a: Atomic<StoredResponse, E>) -> Result<Outcome, E> {
         Atomic::StaleFence => Ok(Outcome::LostLease),
     }
 }
+
+/// The README's examples, compiled (and run, unless `no_run`) by `cargo test --doc`.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -9,12 +9,13 @@ use deadpool_postgres::{
     Hook, HookError, Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime,
 };
 use idem_core::{StoreError, StoreErrorKind};
-use tokio_postgres::NoTls;
 
 use crate::error::{pg_error, pool_error};
 use crate::row::millis;
 use crate::schema::{self, Statements};
+use crate::tls::{self, Verification};
 use crate::{Inner, PostgresStore};
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 /// Options for connecting a store.
 #[derive(Debug, Clone)]
@@ -24,6 +25,8 @@ pub struct PostgresStoreBuilder {
     pool_size: usize,
     wait: Duration,
     statement_timeout: Duration,
+    /// Trusted CA certificates (PEM) instead of the system's roots.
+    ca_pem: Option<Vec<u8>>,
 }
 
 impl PostgresStoreBuilder {
@@ -35,6 +38,7 @@ impl PostgresStoreBuilder {
             pool_size: 16,
             wait: Duration::from_secs(5),
             statement_timeout: Duration::from_secs(5),
+            ca_pem: None,
         }
     }
 
@@ -69,6 +73,14 @@ impl PostgresStoreBuilder {
         self
     }
 
+    /// Trust only these CA certificates (PEM, one or more) when the URL's
+    /// `sslmode` is `verify-ca` or `verify-full`, instead of the system's
+    /// roots: for a server whose certificate a private CA signed.
+    pub fn ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.ca_pem = Some(pem.into());
+        self
+    }
+
     /// Checks the URL and the schema name as [`connect`](Self::connect)
     /// reads them, without connecting (for configuration checks).
     ///
@@ -79,20 +91,36 @@ impl PostgresStoreBuilder {
         self.parsed().map(drop)
     }
 
-    fn parsed(&self) -> Result<tokio_postgres::Config, StoreError> {
+    /// The driver's configuration, and the TLS connector that checks as
+    /// much of the server's certificate as `sslmode` asks (see [`tls`]).
+    fn parsed(&self) -> Result<(tokio_postgres::Config, MakeRustlsConnect), StoreError> {
         if !schema::valid_schema_name(&self.schema) {
             return Err(StoreError::new(
                 StoreErrorKind::Setup,
                 format!("postgres store: invalid schema name {:?}", self.schema),
             ));
         }
-        tokio_postgres::Config::from_str(&self.url).map_err(|e| {
+        let (url, verification) = tls::split_ssl_mode(&self.url);
+        let config = tokio_postgres::Config::from_str(&url).map_err(|e| {
             StoreError::new(
                 StoreErrorKind::Setup,
                 "postgres store: invalid connection URL",
             )
             .with_source(e)
-        })
+        })?;
+        // A second `sslmode` (plain or percent-encoded) must not turn a
+        // checked connection into a plain one.
+        if verification != Verification::EncryptOnly
+            && config.get_ssl_mode() != tokio_postgres::config::SslMode::Require
+        {
+            return Err(StoreError::new(
+                StoreErrorKind::Setup,
+                "postgres store: the URL gives sslmode more than once",
+            ));
+        }
+        // The CA file is read now, so a bad one is a configuration error.
+        let connector = tls::connector(verification, self.ca_pem.as_deref())?;
+        Ok((config, connector))
     }
 
     /// Connects, then creates or migrates the schema.
@@ -102,10 +130,10 @@ impl PostgresStoreBuilder {
     /// newer than this code; [`StoreErrorKind::Unavailable`] when the server
     /// does not answer.
     pub async fn connect(self) -> Result<PostgresStore, StoreError> {
-        let config = self.parsed()?;
+        let (config, tls) = self.parsed()?;
         let manager = Manager::from_config(
             config,
-            NoTls,
+            tls,
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },

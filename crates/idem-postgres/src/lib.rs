@@ -104,6 +104,7 @@ mod builder;
 mod error;
 mod row;
 mod schema;
+mod tls;
 
 pub use builder::PostgresStoreBuilder;
 pub use deadpool_postgres::Transaction;
@@ -385,3 +386,10 @@ async fn complete_with<C: GenericClient + Sync>(
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tls_tests;
+
+/// The README's examples, compiled (and run, unless `no_run`) by `cargo test --doc`.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use idem_core::{StoreError, StoreErrorKind};
+use redis::IntoConnectionInfo;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use crate::RedisStore;
@@ -15,6 +16,8 @@ pub struct RedisStoreBuilder {
     url: String,
     prefix: String,
     timeout: Duration,
+    /// Trusted CA certificates (PEM) instead of the system's roots.
+    ca_pem: Option<Vec<u8>>,
 }
 
 impl RedisStoreBuilder {
@@ -24,6 +27,7 @@ impl RedisStoreBuilder {
             url,
             prefix: "idem".into(),
             timeout: Duration::from_secs(2),
+            ca_pem: None,
         }
     }
 
@@ -40,6 +44,15 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Trust only these CA certificates (PEM, one or more) for a
+    /// `rediss://` server, instead of the system's roots: for a server
+    /// whose certificate a private CA signed. The server's certificate is
+    /// always checked, name included (no `#insecure`).
+    pub fn ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.ca_pem = Some(pem.into());
+        self
+    }
+
     /// Checks the URL as [`connect`](Self::connect) reads it, without
     /// connecting (for configuration checks).
     ///
@@ -51,9 +64,46 @@ impl RedisStoreBuilder {
     }
 
     fn client(&self) -> Result<redis::Client, StoreError> {
-        redis::Client::open(self.url.as_str()).map_err(|e| {
-            StoreError::new(StoreErrorKind::Setup, "redis store: invalid URL").with_source(e)
-        })
+        let invalid =
+            |e| StoreError::new(StoreErrorKind::Setup, "redis store: invalid URL").with_source(e);
+        let info = self.url.as_str().into_connection_info().map_err(invalid)?;
+        if let redis::ConnectionAddr::TcpTls { insecure: true, .. } = info.addr() {
+            // `rediss://...#insecure` turns certificate checks off.
+            return Err(StoreError::new(
+                StoreErrorKind::Setup,
+                "redis store: #insecure is refused: the server's certificate is always checked",
+            ));
+        }
+        if matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. })
+            && rustls::crypto::CryptoProvider::get_default().is_none()
+        {
+            // The driver builds its TLS configuration from the process's
+            // default provider; without one it would panic on connect.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+        match &self.ca_pem {
+            None => redis::Client::open(info).map_err(invalid),
+            // The driver reads the PEM only when it connects; a file
+            // without a certificate is a configuration error now.
+            Some(pem) if !holds_a_certificate(pem) => Err(StoreError::new(
+                StoreErrorKind::Setup,
+                "redis store: the CA file holds no certificate",
+            )),
+            Some(pem) => redis::Client::build_with_tls(
+                info,
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(pem.clone()),
+                },
+            )
+            .map_err(|e| {
+                StoreError::new(
+                    StoreErrorKind::Setup,
+                    "redis store: cannot use the CA certificates",
+                )
+                .with_source(e)
+            }),
+        }
     }
 
     /// Connects.
@@ -77,4 +127,18 @@ impl RedisStoreBuilder {
             scripts: Scripts::new(),
         })
     }
+}
+
+/// Whether `pem` holds at least one certificate, and only readable ones.
+fn holds_a_certificate(pem: &[u8]) -> bool {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut found = false;
+    for cert in CertificateDer::pem_slice_iter(pem) {
+        if cert.is_err() {
+            return false;
+        }
+        found = true;
+    }
+    found
 }

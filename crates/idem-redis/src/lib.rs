@@ -387,3 +387,10 @@ impl Store for RedisStore {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tls_tests;
+
+/// The README's examples, compiled (and run, unless `no_run`) by `cargo test --doc`.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

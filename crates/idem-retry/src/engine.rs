@@ -1,10 +1,12 @@
 //! The retry loop, for any transport.
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use http::{HeaderValue, Method};
+use idem_core::{Key, KeyError};
 use tokio::time::Instant;
 
 use crate::classify::{CallKind, Decision, Reason};
@@ -29,7 +31,7 @@ pub mod names {
 pub enum KeyMode {
     /// A fresh UUID v4 for this call, sent on every attempt.
     Generate,
-    /// This key, sent on every attempt.
+    /// This key (the value itself, without quotes), sent on every attempt.
     Given(String),
     /// No key. Then a request that may have been processed is retried only
     /// if its method is idempotent.
@@ -68,6 +70,11 @@ impl CallSpec {
     }
 
     /// Uses `key` instead of generating one (the caller's own intent id).
+    ///
+    /// `key` is the value itself, without quotes; it goes on the wire as
+    /// an sf-string ([`Attempt::key_header_value`]). A key that is not 1
+    /// to 255 printable ASCII characters fails the call before anything
+    /// is sent, with [`RetryError::InvalidKey`].
     pub fn with_key(mut self, key: impl Into<String>) -> Self {
         self.key = KeyMode::Given(key.into());
         self
@@ -80,16 +87,24 @@ impl CallSpec {
     }
 
     /// For an HTTP request the adapters retry: as [`CallSpec::for_method`],
-    /// but an `Idempotency-Key` the request already carries is kept.
+    /// but an `Idempotency-Key` the request already carries is kept. It is
+    /// read as the server reads it (an sf-string or a bare value), so it
+    /// names the same key when it is sent again as an sf-string.
+    ///
+    /// # Errors
+    /// The header's value is not a key ([`KeyError`]).
     #[cfg(any(feature = "reqwest", feature = "tower"))]
-    pub(crate) fn for_request(method: &Method, headers: &http::HeaderMap) -> CallSpec {
+    pub(crate) fn for_request(
+        method: &Method,
+        headers: &http::HeaderMap,
+    ) -> Result<CallSpec, KeyError> {
         let spec = CallSpec::for_method(method);
-        match headers
-            .get(idem_core::header_names::IDEMPOTENCY_KEY)
-            .and_then(|v| v.to_str().ok())
-        {
-            Some(key) => spec.with_key(key),
-            None => spec,
+        match headers.get(idem_core::header_names::IDEMPOTENCY_KEY) {
+            Some(value) => {
+                let key = Key::from_header_value(value.as_bytes())?;
+                Ok(spec.with_key(key.as_str()))
+            }
+            None => Ok(spec),
         }
     }
 }
@@ -99,20 +114,34 @@ impl CallSpec {
 pub struct Attempt {
     /// 1 for the first attempt.
     pub number: u32,
-    /// The `Idempotency-Key`, the same on every attempt of the call.
+    /// The `Idempotency-Key`, the same on every attempt of the call: the
+    /// value itself, without quotes ([`Attempt::key_header_value`] is what
+    /// goes on the wire).
     pub key: Option<Arc<str>>,
     /// A refreshed `Authorization` value, after a 401/403 refresh.
     pub authorization: Option<HeaderValue>,
 }
 
 impl Attempt {
+    /// The `Idempotency-Key` header value to send: the key as an RFC 8941
+    /// sf-string (`"8e03978e-40d5-43e8-bc93-6894a57f9324"`), the form
+    /// draft-ietf-httpapi-idempotency-key-header writes. idem's server
+    /// reads the bare form as the same key too.
+    ///
+    /// `None` without a key, or for a key that cannot be sent (not 1 to
+    /// 255 printable ASCII characters): [`Retrier::call`] and the adapters
+    /// fail such a call before its first attempt, so for them it is `Some`
+    /// whenever [`Attempt::key`] is.
+    pub fn key_header_value(&self) -> Option<HeaderValue> {
+        let key = Key::new(self.key.as_deref()?).ok()?;
+        HeaderValue::from_str(&key.to_sf_string()).ok()
+    }
+
     /// Sets this attempt's `Idempotency-Key` and refreshed `Authorization`
     /// on an HTTP request's headers (what the adapters send).
     #[cfg(any(feature = "reqwest", feature = "tower"))]
     pub(crate) fn set_headers(&self, headers: &mut http::HeaderMap) {
-        if let Some(key) = &self.key
-            && let Ok(v) = HeaderValue::from_str(key)
-        {
+        if let Some(v) = self.key_header_value() {
             headers.insert(idem_core::header_names::IDEMPOTENCY_KEY, v);
         }
         if let Some(auth) = &self.authorization {
@@ -174,6 +203,8 @@ pub enum Stop {
     KeyExpired,
     /// 401/403 and no refresh (or it failed).
     Unauthorized,
+    /// The key cannot be sent ([`RetryError::InvalidKey`]); nothing was.
+    InvalidKey,
 }
 
 /// What a call did.
@@ -190,11 +221,19 @@ pub struct CallReport {
 }
 
 /// A call that ended without a response to return.
+///
+/// `E` is the transport's error. [`RetryError::Transport`] carries it; the
+/// other variants are failures the engine makes itself and carry none, so
+/// the reqwest middleware returns them as a `RetryError` with the default
+/// `E` ([`Infallible`]): `e.downcast_ref::<RetryError>()` on the
+/// `anyhow::Error` of `reqwest_middleware::Error::Middleware(e)` finds
+/// them (see the crate docs).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum RetryError<E> {
+pub enum RetryError<E = Infallible> {
     /// The last attempt failed in the transport (and was not retried, or
-    /// no retry was left).
+    /// no retry was left: the [`CallReport`] says which). The reqwest
+    /// middleware returns this error as it is, not wrapped.
     #[error("request failed: {0}")]
     Transport(E),
     /// The server said the key expires before the next attempt could be
@@ -209,6 +248,32 @@ pub enum RetryError<E> {
         /// Attempts made.
         attempts: u32,
     },
+    /// The call's key cannot be sent, so nothing was: a key given with
+    /// [`CallSpec::with_key`] that is not 1 to 255 printable ASCII
+    /// characters, or an `Idempotency-Key` header already on the request
+    /// that is not a key (a malformed sf-string, bytes beyond ASCII).
+    /// Sending it anyway would send a request the client believes
+    /// protected without its key, or one the server refuses.
+    #[error("the Idempotency-Key cannot be sent; nothing was sent")]
+    InvalidKey(#[source] KeyError),
+}
+
+impl<E> RetryError<E> {
+    /// The engine's own failure, or the transport's error (`Err`).
+    #[cfg(feature = "reqwest")]
+    pub(crate) fn engine_made(self) -> Result<RetryError, E> {
+        match self {
+            RetryError::Transport(e) => Err(e),
+            RetryError::KeyExpired {
+                expires_at,
+                attempts,
+            } => Ok(RetryError::KeyExpired {
+                expires_at,
+                attempts,
+            }),
+            RetryError::InvalidKey(e) => Ok(RetryError::InvalidKey(e)),
+        }
+    }
 }
 
 /// A client's retry engine: one policy, one budget, any transport.
@@ -236,8 +301,9 @@ impl Retrier {
     /// next. Returns the last response, or an error.
     ///
     /// # Errors
-    /// [`RetryError::Transport`] with the last transport error, or
-    /// [`RetryError::KeyExpired`].
+    /// [`RetryError::Transport`] with the last transport error,
+    /// [`RetryError::KeyExpired`], or [`RetryError::InvalidKey`] (nothing
+    /// sent).
     pub async fn call<R, E, F, Fut>(&self, spec: CallSpec, send: F) -> Result<R, RetryError<E>>
     where
         R: ObserveResponse,
@@ -269,6 +335,17 @@ impl Retrier {
         spec: CallSpec,
         transport: &mut T,
     ) -> (Result<T::Response, RetryError<T::Error>>, CallReport) {
+        if let KeyMode::Given(key) = &spec.key
+            && let Err(e) = Key::new(key.as_str())
+        {
+            let report = CallReport {
+                attempts: 0,
+                stop: Stop::InvalidKey,
+                waited: Duration::ZERO,
+                key: None,
+            };
+            return (Err(RetryError::InvalidKey(e)), report);
+        }
         let mut call = self.start(spec);
         loop {
             let result = transport.send(call.next_attempt()).await;
@@ -303,7 +380,9 @@ impl Retrier {
     /// Starts a call whose attempts the caller sends itself, deciding after
     /// each with [`CallState::after`] (for a transport that can be put
     /// neither in a closure for [`Retrier::call`] nor in this crate's
-    /// adapters).
+    /// adapters). The key is not checked here: send
+    /// [`Attempt::key_header_value`], which is `None` for a key that
+    /// cannot be sent.
     pub fn start(&self, spec: CallSpec) -> CallState {
         let key: Option<Arc<str>> = match spec.key {
             KeyMode::Generate => Some(uuid::Uuid::new_v4().to_string().into()),

@@ -3,6 +3,7 @@
 use std::time::{Duration, SystemTime};
 
 use http::HeaderMap;
+use http::header::RETRY_AFTER;
 use idem_core::header_names;
 
 /// How an attempt ended, as far as retrying is concerned.
@@ -44,11 +45,15 @@ impl Observation {
 
     /// Reads status and headers of an HTTP response.
     pub fn from_response(status: u16, headers: &HeaderMap) -> Observation {
-        let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
         Observation {
             observed: Observed::Status(status),
-            retry_after: text("retry-after").and_then(|v| parse_retry_after(v, SystemTime::now())),
-            key_expires: text(header_names::IDEMPOTENCY_KEY_EXPIRES)
+            retry_after: headers
+                .get(RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| parse_retry_after(v, SystemTime::now())),
+            key_expires: headers
+                .get(header_names::IDEMPOTENCY_KEY_EXPIRES)
+                .and_then(|v| v.to_str().ok())
                 .and_then(|v| httpdate::parse_http_date(v).ok()),
         }
     }

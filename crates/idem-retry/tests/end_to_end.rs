@@ -14,7 +14,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use idem_http::IdempotencyLayer;
+use idem_core::Key;
+use idem_http::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyLayer};
 use idem_retry::{Backoff, RetryMiddleware, RetryPolicy};
 use tower::ServiceExt;
 
@@ -24,8 +25,18 @@ struct Effects {
     by_key: Mutex<HashMap<String, (usize, String)>>,
 }
 
+/// The key a request carries, as the server reads it (the client sends an
+/// sf-string).
+fn key_of(headers: &HeaderMap) -> String {
+    headers
+        .get(IDEMPOTENCY_KEY)
+        .and_then(|v| Key::from_header_value(v.as_bytes()).ok())
+        .map(|k| k.as_str().to_owned())
+        .unwrap_or_default()
+}
+
 async fn order(State(e): State<Arc<Effects>>, headers: HeaderMap) -> (StatusCode, String) {
-    let key = headers["idempotency-key"].to_str().unwrap().to_owned();
+    let key = key_of(&headers);
     let mut map = e.by_key.lock().unwrap();
     let n = map.len() + 1;
     let entry = map.entry(key).or_insert((0, format!("{{\"order\":{n}}}")));
@@ -64,12 +75,7 @@ async fn lost_answers_after_commit_are_replayed_and_never_executed_twice() {
                 tokio::spawn(async move {
                     let svc = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
                         let app = app.clone();
-                        let key = req
-                            .headers()
-                            .get("idempotency-key")
-                            .and_then(|v| v.to_str().ok())
-                            .unwrap_or("")
-                            .to_owned();
+                        let key = key_of(req.headers());
                         let drop_it = first_seen.lock().unwrap().insert(key.clone()) && lose(&key);
                         if drop_it {
                             lost.lock().unwrap().insert(key);
@@ -113,12 +119,12 @@ async fn lost_answers_after_commit_are_replayed_and_never_executed_twice() {
                 let key = format!("e2e-intent-{i:05}-0000");
                 let r = client
                     .post(&url)
-                    .header("idempotency-key", &key)
+                    .header(IDEMPOTENCY_KEY, &key)
                     .body("{}")
                     .send()
                     .await
                     .unwrap();
-                let replayed = r.headers().contains_key("idempotent-replayed");
+                let replayed = r.headers().contains_key(IDEMPOTENT_REPLAYED);
                 (key, r.status(), replayed, r.text().await.unwrap())
             })
         })

@@ -5,7 +5,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use http::HeaderMap;
+use http::header::RETRY_AFTER;
+use http::{HeaderMap, HeaderName};
+use idem_retry::header_names::IDEMPOTENCY_KEY_EXPIRES;
 use idem_retry::{
     Backoff, CallSpec, Jitter, Observation, ObserveError, ObserveResponse, Retrier, RetryError,
     RetryPolicy, Stop,
@@ -31,10 +33,10 @@ impl ObserveError for NoError {
     }
 }
 
-fn fake(status: u16, headers: &[(&'static str, String)]) -> Fake {
+fn fake(status: u16, headers: &[(HeaderName, String)]) -> Fake {
     let mut h = HeaderMap::new();
     for (n, v) in headers {
-        h.insert(*n, v.parse().unwrap());
+        h.insert(n, v.parse().unwrap());
     }
     Fake(status, h)
 }
@@ -127,7 +129,7 @@ async fn retry_after_seconds_replaces_the_backoff() {
     let policy = RetryPolicy::builder().no_budget().build();
     let (times, result, _) = run(policy, |n| {
         if n < 3 {
-            fake(429, &[("retry-after", "7".into())])
+            fake(429, &[(RETRY_AFTER, "7".into())])
         } else {
             fake(201, &[])
         }
@@ -143,7 +145,7 @@ async fn retry_after_as_a_date_is_honoured() {
     let (times, _, _) = run(policy, |n| {
         if n == 1 {
             let at = SystemTime::now() + Duration::from_secs(5);
-            fake(503, &[("retry-after", httpdate::fmt_http_date(at))])
+            fake(503, &[(RETRY_AFTER, httpdate::fmt_http_date(at))])
         } else {
             fake(200, &[])
         }
@@ -162,7 +164,7 @@ async fn retry_after_is_capped() {
         .build();
     let (times, _, _) = run(policy, |n| {
         if n == 1 {
-            fake(503, &[("retry-after", "3600".into())])
+            fake(503, &[(RETRY_AFTER, "3600".into())])
         } else {
             fake(200, &[])
         }
@@ -178,7 +180,7 @@ async fn the_deadline_stops_the_call() {
         .no_budget()
         .deadline(Duration::from_secs(10))
         .build();
-    let (times, result, report) = run(policy, |_| fake(503, &[("retry-after", "4".into())])).await;
+    let (times, result, report) = run(policy, |_| fake(503, &[(RETRY_AFTER, "4".into())])).await;
     assert_eq!(report.stop, Stop::Deadline);
     assert_eq!(
         times.len(),
@@ -196,8 +198,11 @@ async fn no_retry_is_sent_after_the_key_expires() {
         fake(
             503,
             &[
-                ("retry-after", "5".into()),
-                ("idempotency-key-expires", httpdate::fmt_http_date(expires)),
+                (RETRY_AFTER, "5".into()),
+                (
+                    HeaderName::from_static(IDEMPOTENCY_KEY_EXPIRES),
+                    httpdate::fmt_http_date(expires),
+                ),
             ],
         )
     })

@@ -26,7 +26,7 @@ struct Server {
 async fn handler(State(s): State<Arc<Server>>, headers: HeaderMap) -> StatusCode {
     s.attempts.fetch_add(1, Ordering::SeqCst);
     let key = headers
-        .get("idempotency-key")
+        .get(idem_retry::header_names::IDEMPOTENCY_KEY)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_owned();

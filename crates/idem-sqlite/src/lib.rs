@@ -367,3 +367,8 @@ impl Store for SqliteStore {
 
 #[cfg(test)]
 mod tests;
+
+/// The README's examples, compiled (and run, unless `no_run`) by `cargo test --doc`.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -62,6 +62,7 @@ mod checks;
 pub mod crash;
 mod model;
 pub mod private_redis;
+pub mod tls;
 
 pub use checks::*;
 pub use model::{model_check, model_check_with};

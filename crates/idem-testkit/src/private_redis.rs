@@ -1,6 +1,7 @@
 //! Test support: a private `redis-server` on its own port, for tests
 //! that stop and restart Redis.
 
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -9,27 +10,54 @@ use std::time::Duration;
 pub struct PrivateRedis {
     child: Child,
     port: u16,
+    scheme: &'static str,
 }
 
 impl PrivateRedis {
     /// Starts one on `port` with nothing persisted. `None` (after printing
     /// why) if `redis-server` cannot be run here.
     pub fn start(port: u16) -> Option<PrivateRedis> {
-        let child = Command::new("redis-server")
-            .args([
+        PrivateRedis::spawn(port, "redis", &["--port", &port.to_string()])
+    }
+
+    /// Starts one that speaks only TLS on `port`, with the certificate and
+    /// key in the PEM files given (clients are not asked for certificates).
+    /// Its URL is `rediss://`. `None` (after printing why) if
+    /// `redis-server` cannot be run here.
+    pub fn start_tls(port: u16, cert: &Path, key: &Path, ca: &Path) -> Option<PrivateRedis> {
+        let path = |p: &Path| p.display().to_string();
+        PrivateRedis::spawn(
+            port,
+            "rediss",
+            &[
                 "--port",
+                "0",
+                "--tls-port",
                 &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
+                "--tls-cert-file",
+                &path(cert),
+                "--tls-key-file",
+                &path(key),
+                "--tls-ca-cert-file",
+                &path(ca),
+                "--tls-auth-clients",
                 "no",
-            ])
+            ],
+        )
+    }
+
+    fn spawn(port: u16, scheme: &'static str, listen: &[&str]) -> Option<PrivateRedis> {
+        let child = Command::new("redis-server")
+            .args(listen)
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .stdout(Stdio::null())
             .spawn();
         match child {
-            Ok(child) => Some(PrivateRedis { child, port }),
+            Ok(child) => Some(PrivateRedis {
+                child,
+                port,
+                scheme,
+            }),
             Err(e) => {
                 eprintln!("skipped: cannot start redis-server ({e})");
                 None
@@ -39,7 +67,7 @@ impl PrivateRedis {
 
     /// Its URL.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        format!("{}://127.0.0.1:{}", self.scheme, self.port)
     }
 
     /// Waits (up to 5 s) until it accepts connections.

@@ -39,9 +39,17 @@ fn render(cfg: &GatewayConfig) -> anyhow::Result<String> {
 #[derive(Debug, Serialize)]
 struct Effective {
     upstream: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    upstream_ca: Option<String>,
     listen: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls_cert: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls_key: Option<String>,
     admin_listen: String,
     store: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    store_ca: Option<String>,
     key_header: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     tenant_header: Option<String>,
@@ -91,10 +99,14 @@ impl From<&GatewayConfig> for Effective {
         let policy = &cfg.default_policy;
         Effective {
             upstream: crate::stores::redact_uri(&cfg.upstream),
+            upstream_ca: cfg.upstream_ca.as_deref().map(shown),
             listen: cfg.listen.clone(),
+            tls_cert: cfg.tls.as_ref().map(|t| shown(&t.cert_path)),
+            tls_key: cfg.tls.as_ref().map(|t| shown(&t.key_path)),
             admin_listen: cfg.admin_listen.clone(),
             // Display redacts the password.
             store: cfg.store.to_string(),
+            store_ca: cfg.store_ca.as_ref().map(|c| shown(&c.path)),
             key_header: cfg.key_header.to_string(),
             tenant_header: cfg.tenant_header.as_ref().map(ToString::to_string),
             scope_header: cfg.scope_header.as_ref().map(ToString::to_string),
@@ -122,6 +134,11 @@ impl From<&GatewayConfig> for Effective {
                 .collect(),
         }
     }
+}
+
+/// A file's path as the settings named it.
+fn shown(path: &std::path::Path) -> String {
+    path.display().to_string()
 }
 
 impl EffectiveRoute {

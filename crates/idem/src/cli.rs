@@ -122,15 +122,31 @@ pub(crate) struct ServeArgs {
     /// The service to protect, e.g. http://127.0.0.1:3000.
     #[arg(long, env = "IDEM_UPSTREAM", hide_env_values = true)]
     pub(crate) upstream: Option<String>,
+    /// Trust only the CA certificates in this PEM file for an https://
+    /// upstream, instead of the system's roots.
+    #[arg(long, env = "IDEM_UPSTREAM_CA", value_name = "FILE")]
+    pub(crate) upstream_ca: Option<PathBuf>,
     /// Address to accept requests on [default: 127.0.0.1:8080].
     #[arg(long, env = "IDEM_LISTEN")]
     pub(crate) listen: Option<String>,
+    /// Serve HTTPS: the certificate chain (PEM) of the listener. With
+    /// --tls-key.
+    #[arg(long, env = "IDEM_TLS_CERT", value_name = "FILE")]
+    pub(crate) tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, env = "IDEM_TLS_KEY", value_name = "FILE")]
+    pub(crate) tls_key: Option<PathBuf>,
     /// Address for /metrics, /healthz, /readyz [default: 127.0.0.1:9090].
     #[arg(long, env = "IDEM_ADMIN_LISTEN")]
     pub(crate) admin_listen: Option<String>,
-    /// memory:, sqlite:PATH, postgres://..., redis://... [default: sqlite:idem.db].
+    /// memory:, sqlite:PATH, postgres://..., redis://..., rediss://... [default: sqlite:idem.db].
     #[arg(long, env = "IDEM_STORE", hide_env_values = true)]
     pub(crate) store: Option<String>,
+    /// Trust only the CA certificates in this PEM file for a PostgreSQL
+    /// (sslmode=verify-ca or verify-full) or rediss:// store, instead of
+    /// the system's roots.
+    #[arg(long, env = "IDEM_STORE_CA", value_name = "FILE")]
+    pub(crate) store_ca: Option<PathBuf>,
     /// A TOML file with these settings and [[route]] rules.
     #[arg(long, env = "IDEM_CONFIG")]
     pub(crate) config: Option<PathBuf>,
@@ -266,15 +282,26 @@ fn at_least_one(text: &str) -> Result<usize, String> {
     }
 }
 
+/// Where `idem records` finds the records.
+#[derive(Debug, Args)]
+pub(crate) struct StoreArgs {
+    /// The store URL.
+    #[arg(long, env = "IDEM_STORE", hide_env_values = true)]
+    pub(crate) store: String,
+    /// Trust only the CA certificates in this PEM file for a PostgreSQL or
+    /// rediss:// store, as `idem serve --store-ca`.
+    #[arg(long, env = "IDEM_STORE_CA", value_name = "FILE")]
+    pub(crate) store_ca: Option<PathBuf>,
+}
+
 #[derive(Debug, Subcommand)]
 pub(crate) enum RecordsCommand {
     /// Show a record.
     Get {
         /// The key, as the client sent it in its key header.
         key: String,
-        /// The store URL.
-        #[arg(long, env = "IDEM_STORE", hide_env_values = true)]
-        store: String,
+        #[command(flatten)]
+        store: StoreArgs,
         /// The tenant (as --tenant-header would give it). Give it twice,
         /// tenant then principal, for a gateway that has both
         /// --tenant-header and --scope-header.
@@ -304,18 +331,16 @@ pub(crate) enum RecordsCommand {
     /// List stale records: in progress with their lease over (an executor
     /// or gateway died mid-request). A running gateway releases them.
     Stale {
-        /// The store URL.
-        #[arg(long, env = "IDEM_STORE", hide_env_values = true)]
-        store: String,
+        #[command(flatten)]
+        store: StoreArgs,
         /// At most this many.
         #[arg(long, default_value_t = 100)]
         limit: usize,
     },
     /// Delete expired records, in batches.
     Purge {
-        /// The store URL.
-        #[arg(long, env = "IDEM_STORE", hide_env_values = true)]
-        store: String,
+        #[command(flatten)]
+        store: StoreArgs,
         /// Delete records that expired at least this long ago, e.g. 1h [default: 0s].
         #[arg(long)]
         older_than: Option<String>,

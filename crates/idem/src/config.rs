@@ -13,7 +13,7 @@
 
 use std::fmt;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, anyhow, bail};
@@ -24,6 +24,7 @@ use serde::Deserialize;
 
 use crate::cli::ServeArgs;
 use crate::stores::StoreUrl;
+use crate::tls::{CaFile, ServerTls};
 use crate::units::{duration, size};
 
 /// The TOML file, as written.
@@ -31,9 +32,13 @@ use crate::units::{duration, size};
 #[serde(deny_unknown_fields)]
 pub(crate) struct FileConfig {
     upstream: Option<String>,
+    upstream_ca: Option<PathBuf>,
     listen: Option<String>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
     admin_listen: Option<String>,
     store: Option<String>,
+    store_ca: Option<PathBuf>,
     ttl: Option<String>,
     lease: Option<String>,
     wait: Option<String>,
@@ -107,9 +112,17 @@ impl FileConfig {
 #[derive(Debug, Clone)]
 pub(crate) struct GatewayConfig {
     pub(crate) upstream: http::Uri,
+    /// `--upstream-ca`, for an `https://` upstream.
+    pub(crate) upstream_ca: Option<PathBuf>,
+    /// How an `https://` upstream is reached (`None` for `http://`).
+    pub(crate) upstream_tls: Option<rustls::ClientConfig>,
     pub(crate) listen: String,
+    /// `--tls-cert` and `--tls-key`: the listener speaks HTTPS.
+    pub(crate) tls: Option<ServerTls>,
     pub(crate) admin_listen: String,
     pub(crate) store: StoreUrl,
+    /// `--store-ca`: the CA a PostgreSQL or Redis store is checked against.
+    pub(crate) store_ca: Option<CaFile>,
     pub(crate) default_policy: Policy,
     pub(crate) routes: Vec<RouteRule>,
     /// What each of `routes` was configured with, for `idem check-config`
@@ -564,6 +577,53 @@ impl GatewayConfig {
                 .parse::<StoreUrl>()
                 .context("--store"),
         );
+        let pick_path =
+            |flag: &Option<PathBuf>, file: &Option<PathBuf>| flag.clone().or_else(|| file.clone());
+        let upstream_ca = pick_path(&args.upstream_ca, &file.upstream_ca);
+        let upstream_tls = match &upstream {
+            Some(u) if u.scheme_str() == Some("https") => {
+                let ca = upstream_ca
+                    .as_deref()
+                    .and_then(|path| p.check(CaFile::read(path).context("--upstream-ca")));
+                match (&upstream_ca, ca) {
+                    (Some(_), None) => None,
+                    (_, ca) => p
+                        .check(crate::tls::upstream_client(ca.as_ref()).context("--upstream"))
+                        .map(Some),
+                }
+            }
+            Some(_) if upstream_ca.is_some() => {
+                p.add("--upstream-ca is for an https:// upstream; --upstream is http://");
+                None
+            }
+            _ => Some(None),
+        };
+        let tls = match (
+            pick_path(&args.tls_cert, &file.tls_cert),
+            pick_path(&args.tls_key, &file.tls_key),
+        ) {
+            (Some(cert), Some(key)) => p.check(ServerTls::read(&cert, &key)).map(Some),
+            (None, None) => Some(None),
+            _ => {
+                p.add("--tls-cert and --tls-key go together: give both, or neither");
+                None
+            }
+        };
+        let store_ca = match pick_path(&args.store_ca, &file.store_ca) {
+            None => Some(None),
+            Some(path) => {
+                let ca = p.check(CaFile::read(&path).context("--store-ca"));
+                match &store {
+                    Some(url) if !url.speaks_tls() => {
+                        p.add(format!(
+                            "--store-ca is for a PostgreSQL or Redis store; --store is {url}"
+                        ));
+                        None
+                    }
+                    _ => ca.map(Some),
+                }
+            }
+        };
 
         let ttl = p
             .check(opt_duration(pick(&args.ttl, &file.ttl).as_ref(), "ttl"))
@@ -714,9 +774,13 @@ impl GatewayConfig {
         let scope_header = scope_header?;
         Some(GatewayConfig {
             upstream: upstream?,
+            upstream_ca,
+            upstream_tls: upstream_tls?,
             listen: listen?,
+            tls: tls?,
             admin_listen: admin_listen?,
             store: store?,
+            store_ca: store_ca?,
             default_policy: default_policy?,
             routes,
             route_settings,
@@ -742,16 +806,16 @@ impl GatewayConfig {
     }
 }
 
-/// `--upstream`: an http:// URL with a host.
+/// `--upstream`: an http:// or https:// URL with a host.
 /// Never echoes the text whole: an upstream URL may carry a password.
 fn upstream_url(text: &str) -> anyhow::Result<http::Uri> {
     let shown = || crate::stores::redact(text);
     let Ok(upstream) = text.parse::<http::Uri>() else {
         bail!("--upstream {} is not a URL", shown());
     };
-    if upstream.scheme_str() != Some("http") || upstream.authority().is_none() {
+    if !matches!(upstream.scheme_str(), Some("http" | "https")) || upstream.authority().is_none() {
         bail!(
-            "--upstream must be an http:// URL with a host, not {}",
+            "--upstream must be an http:// or https:// URL with a host, not {}",
             shown()
         );
     }

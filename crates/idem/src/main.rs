@@ -18,6 +18,7 @@ mod gateway;
 mod logging;
 mod records;
 mod stores;
+mod tls;
 mod units;
 
 use std::process::ExitCode;
@@ -57,6 +58,7 @@ fn main() -> ExitCode {
         eprintln!("idem: {e:#}");
         return exit::Exit::Usage.into();
     }
+    tls::install_crypto_provider();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

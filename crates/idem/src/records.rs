@@ -11,10 +11,11 @@ use anyhow::{Context, anyhow, bail};
 use idem_core::{Key, Operation, RecordId, Scope, StaleCursor, Timestamp};
 use idem_http::PathPattern;
 
-use crate::cli::RecordsCommand;
+use crate::cli::{RecordsCommand, StoreArgs};
 use crate::config::route_operations;
 use crate::exit::{NotFound, OrUsage};
 use crate::stores::StoreUrl;
+use crate::tls::CaFile;
 use crate::units::duration;
 
 /// The environment variable holding the credential for `records get`.
@@ -26,14 +27,22 @@ const CREDENTIAL_ENV: &str = "IDEM_CREDENTIAL";
 /// An SQLite store must exist: opening would create an empty one, and a
 /// mistyped path would then read as "no such record" (exit 3) or purge
 /// nothing.
-async fn open(url: &str) -> anyhow::Result<std::sync::Arc<dyn idem_core::Store>> {
-    let store = url.parse::<StoreUrl>().context("--store").or_usage()?;
+async fn open(args: &StoreArgs) -> anyhow::Result<std::sync::Arc<dyn idem_core::Store>> {
+    let store = args
+        .store
+        .parse::<StoreUrl>()
+        .context("--store")
+        .or_usage()?;
     if let StoreUrl::Sqlite(path) = &store
         && !path.exists()
     {
         return Err(anyhow!("--store: no SQLite store at {}", path.display())).or_usage();
     }
-    store.open().await
+    let ca = match &args.store_ca {
+        Some(path) => Some(CaFile::read(path).context("--store-ca").or_usage()?),
+        None => None,
+    };
+    store.open(ca.as_ref()).await
 }
 
 /// Where `records get` takes the caller's scope from.

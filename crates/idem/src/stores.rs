@@ -12,6 +12,8 @@ use std::sync::Arc;
 use anyhow::Context;
 use idem_core::{MemoryStore, Store};
 
+use crate::tls::CaFile;
+
 /// Where records are kept, as the operator named it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum StoreUrl {
@@ -37,7 +39,9 @@ pub(crate) enum StoreUrlError {
         "{0} stores are not in this build of idem: build it with `--features {0}` (on by default)"
     )]
     NotBuiltIn(&'static str),
-    #[error("unknown store {0:?}: use memory:, sqlite:PATH, postgres://... or redis://...")]
+    #[error(
+        "unknown store {0:?}: use memory:, sqlite:PATH, postgres://..., redis://... or rediss://..."
+    )]
     Unknown(String),
     /// The driver cannot read the URL (its message names the part, never
     /// the URL).
@@ -69,7 +73,7 @@ impl FromStr for StoreUrl {
             #[cfg(not(feature = "postgres"))]
             return Err(StoreUrlError::NotBuiltIn("postgres"));
         }
-        if url.starts_with("redis://") {
+        if url.starts_with("redis://") || url.starts_with("rediss://") {
             #[cfg(feature = "redis")]
             return idem_redis::RedisStore::builder(url)
                 .check()
@@ -97,8 +101,15 @@ impl fmt::Display for StoreUrl {
 }
 
 impl StoreUrl {
-    /// Opens (or connects to) the store, creating or migrating its schema.
-    pub(crate) async fn open(&self) -> anyhow::Result<Arc<dyn Store>> {
+    /// Whether the store is reached over a network, where TLS (and so
+    /// `--store-ca`) applies.
+    pub(crate) fn speaks_tls(&self) -> bool {
+        !matches!(self, StoreUrl::Memory | StoreUrl::Sqlite(_))
+    }
+
+    /// Opens (or connects to) the store, creating or migrating its schema;
+    /// `ca` replaces the system's roots for a TLS connection to it.
+    pub(crate) async fn open(&self, ca: Option<&CaFile>) -> anyhow::Result<Arc<dyn Store>> {
         Ok(match self {
             StoreUrl::Memory => Arc::new(MemoryStore::new()),
             StoreUrl::Sqlite(path) => Arc::new(
@@ -107,13 +118,21 @@ impl StoreUrl {
             ),
             #[cfg(feature = "postgres")]
             StoreUrl::Postgres(url) => Arc::new(
-                idem_postgres::PostgresStore::connect(url)
+                ca.into_iter()
+                    .fold(idem_postgres::PostgresStore::builder(url), |b, ca| {
+                        b.ca_pem(ca.pem.clone())
+                    })
+                    .connect()
                     .await
                     .with_context(|| format!("cannot reach store {self}"))?,
             ),
             #[cfg(feature = "redis")]
             StoreUrl::Redis(url) => Arc::new(
-                idem_redis::RedisStore::connect(url)
+                ca.into_iter()
+                    .fold(idem_redis::RedisStore::builder(url), |b, ca| {
+                        b.ca_pem(ca.pem.clone())
+                    })
+                    .connect()
                     .await
                     .with_context(|| format!("cannot reach store {self}"))?,
             ),

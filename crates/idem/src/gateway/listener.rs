@@ -1,7 +1,8 @@
 //! Accepting client connections with every bound a hostile client needs:
 //! a connection limit, a deadline for request headers (which also closes
 //! idle keep-alive connections), a limit on how long a client may stop
-//! reading an answer, and graceful draining at shutdown.
+//! reading an answer, graceful draining at shutdown, and TLS when the
+//! gateway has a certificate.
 //!
 //! axum's `serve` offers none of these knobs, so connections are served
 //! here with hyper's HTTP/1 server directly.
@@ -17,12 +18,13 @@ use axum::Router;
 use axum::extract::ConnectInfo;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::time::Sleep;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
@@ -127,16 +129,20 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for StallGuard<T> {
 }
 
 /// Serves `app` on `listener` until `shutdown`, then stops accepting and
-/// gives open connections `grace` to finish their requests.
+/// gives open connections `grace` to finish their requests. With `tls`,
+/// every connection is a TLS one; its handshake must finish within the
+/// header timeout, and holds a connection slot while it runs.
 pub(crate) async fn serve(
     listener: TcpListener,
     app: Router,
+    tls: Option<Arc<rustls::ServerConfig>>,
     limits: ConnectionLimits,
     shutdown: CancellationToken,
     grace: Duration,
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let graceful = GracefulShutdown::new();
+    let acceptor = tls.map(TlsAcceptor::from);
     loop {
         let permit = tokio::select! {
             p = slots.clone().acquire_owned() => match p {
@@ -158,22 +164,22 @@ pub(crate) async fn serve(
             () = shutdown.cancelled() => break,
         };
         let _ = stream.set_nodelay(true);
-        let app = app
-            .clone()
-            .map_request(move |mut req: http::Request<Incoming>| {
-                req.extensions_mut().insert(ConnectInfo::<SocketAddr>(peer));
-                req
-            });
-        let mut builder = hyper::server::conn::http1::Builder::new();
-        builder
-            .timer(TokioTimer::new())
-            .header_read_timeout(limits.header_timeout);
-        let io = TokioIo::new(StallGuard::new(stream, limits.stall_timeout));
-        let conn = builder.serve_connection(io, TowerToHyperService::new(app));
-        let conn = graceful.watch(conn);
+        let app = app.clone();
+        let watcher = graceful.watcher();
+        let acceptor = acceptor.clone();
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "connection ended with an error");
+            match acceptor {
+                None => serve_connection(stream, peer, app, limits, watcher).await,
+                Some(acceptor) => {
+                    match tokio::time::timeout(limits.header_timeout, acceptor.accept(stream)).await
+                    {
+                        Ok(Ok(stream)) => {
+                            serve_connection(stream, peer, app, limits, watcher).await;
+                        }
+                        Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
+                        Err(_) => tracing::debug!("TLS handshake timed out"),
+                    }
+                }
             }
             drop(permit);
         });
@@ -182,4 +188,29 @@ pub(crate) async fn serve(
     // Idle connections close at once; busy ones after their response, or
     // when the grace runs out.
     let _ = tokio::time::timeout(grace + Duration::from_secs(1), graceful.shutdown()).await;
+}
+
+/// Serves one connection (plain or TLS) with the header and stall bounds.
+async fn serve_connection<T>(
+    io: T,
+    peer: SocketAddr,
+    app: Router,
+    limits: ConnectionLimits,
+    watcher: Watcher,
+) where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let app = app.map_request(move |mut req: http::Request<Incoming>| {
+        req.extensions_mut().insert(ConnectInfo::<SocketAddr>(peer));
+        req
+    });
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout);
+    let io = TokioIo::new(StallGuard::new(io, limits.stall_timeout));
+    let conn = builder.serve_connection(io, TowerToHyperService::new(app));
+    if let Err(e) = watcher.watch(conn).await {
+        tracing::debug!(error = %e, "connection ended with an error");
+    }
 }

@@ -32,7 +32,7 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
         .context("histogram buckets")?
         .install_recorder()
         .context("cannot install the metrics recorder")?;
-    let store = cfg.store.open().await?;
+    let store = cfg.store.open(cfg.store_ca.as_ref()).await?;
     let listener = TcpListener::bind(&cfg.listen)
         .await
         .with_context(|| format!("cannot listen on {}", cfg.listen))?;
@@ -65,6 +65,8 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
     let handle = layer.handle();
     let proxied = layer.layer(proxy::Proxy::new(
         cfg.upstream.clone(),
+        cfg.upstream_tls.clone(),
+        cfg.tls.is_some(),
         cfg.upstream_timeout,
         cfg.trust_forwarded,
         &cfg.key_header,
@@ -113,6 +115,7 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
     let server = listener::serve(
         listener,
         app,
+        cfg.tls.as_ref().map(|t| t.config.clone()),
         listener::ConnectionLimits {
             max_connections: cfg.max_connections,
             header_timeout: cfg.header_timeout,
@@ -160,9 +163,12 @@ fn log_settings(cfg: &GatewayConfig) {
     };
     tracing::info!(
         listen = %cfg.listen,
+        tls = cfg.tls.is_some(),
         admin = %cfg.admin_listen,
         upstream = %crate::stores::redact_uri(&cfg.upstream),
+        upstream_ca = cfg.upstream_ca.as_ref().map(|p| p.display().to_string()),
         store = %cfg.store,
+        store_ca = cfg.store_ca.as_ref().map(|c| c.path.display().to_string()),
         ttl = ?policy.ttl(),
         lease = ?policy.lease(),
         wait,

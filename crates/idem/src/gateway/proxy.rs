@@ -25,6 +25,7 @@ use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http::header::{self, HeaderName};
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -39,8 +40,11 @@ use tower::Service;
 pub(crate) struct Proxy(Arc<Forwarder>);
 
 struct Forwarder {
-    client: Client<HttpConnector, Body>,
+    client: Client<HttpsConnector<HttpConnector>, Body>,
     upstream: Uri,
+    /// `https` when the gateway's own listener speaks TLS, else `http`:
+    /// what the forwarding headers say the client used.
+    client_proto: &'static str,
     timeout: Duration,
     trust_forwarded: bool,
     /// End-to-end headers a client may not remove by naming them in
@@ -50,8 +54,12 @@ struct Forwarder {
 }
 
 impl Proxy {
+    /// A proxy to `upstream`; `tls` is how an `https://` upstream is
+    /// checked (`None` for `http://`).
     pub(crate) fn new(
         upstream: Uri,
+        tls: Option<rustls::ClientConfig>,
+        client_tls: bool,
         timeout: Duration,
         trust_forwarded: bool,
         key_header: &HeaderName,
@@ -60,11 +68,28 @@ impl Proxy {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(timeout.min(Duration::from_secs(5))));
+        // The connector must let the https scheme through to the TLS layer.
+        connector.enforce_http(false);
+        let connector = match tls {
+            // Only https: a redirect-free proxy never changes scheme, and
+            // an https upstream must never be reached in plain text.
+            Some(tls) => HttpsConnectorBuilder::new()
+                .with_tls_config(tls)
+                .https_only()
+                .enable_http1()
+                .wrap_connector(connector),
+            None => HttpsConnectorBuilder::new()
+                .with_tls_config(plain_only())
+                .https_or_http()
+                .enable_http1()
+                .wrap_connector(connector),
+        };
         Proxy(Arc::new(Forwarder {
             client: Client::builder(TokioExecutor::new())
                 .pool_idle_timeout(Duration::from_secs(60))
                 .build(connector),
             upstream,
+            client_proto: if client_tls { "https" } else { "http" },
             timeout,
             trust_forwarded,
             protected: [
@@ -79,6 +104,19 @@ impl Proxy {
             .collect(),
         }))
     }
+}
+
+/// The TLS configuration of an `http://` upstream's connector, which never
+/// uses it (the upstream URL is fixed at start): no roots, so an https
+/// connection through it could not succeed.
+fn plain_only() -> rustls::ClientConfig {
+    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .map(|b| {
+            b.with_root_certificates(rustls::RootCertStore::empty())
+                .with_no_client_auth()
+        })
+        .unwrap_or_else(|_| unreachable!("ring supports the default protocol versions"))
 }
 
 /// Forwarding headers a client could forge.
@@ -115,6 +153,7 @@ fn set_forwarding(
     headers: &mut HeaderMap,
     peer: std::net::IpAddr,
     host: Option<&str>,
+    proto: &'static str,
     trust: bool,
 ) {
     if !trust {
@@ -137,7 +176,7 @@ fn set_forwarding(
         headers.insert("x-forwarded-for", v);
     }
     if !trust || !headers.contains_key("x-forwarded-proto") {
-        headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+        headers.insert("x-forwarded-proto", HeaderValue::from_static(proto));
     }
     if let Some(h) = host
         && (!trust || !headers.contains_key("x-forwarded-host"))
@@ -150,7 +189,7 @@ fn set_forwarding(
     } else {
         peer.to_string()
     };
-    let mut element = format!("for={node};proto=http");
+    let mut element = format!("for={node};proto={proto}");
     if let Some(h) = host.and_then(quoted) {
         element.push_str(";host=");
         element.push_str(&h);
@@ -280,6 +319,7 @@ impl Forwarder {
                 &mut parts.headers,
                 ip,
                 original_host.as_deref(),
+                self.client_proto,
                 self.trust_forwarded,
             );
         }
