@@ -110,6 +110,9 @@ impl StoreUrl {
     /// Opens (or connects to) the store, creating or migrating its schema;
     /// `ca` replaces the system's roots for a TLS connection to it.
     pub(crate) async fn open(&self, ca: Option<&CaFile>) -> anyhow::Result<Arc<dyn Store>> {
+        // Only network stores use it (and `--store-ca` is refused for others).
+        #[cfg(not(any(feature = "postgres", feature = "redis")))]
+        let _ = ca;
         Ok(match self {
             StoreUrl::Memory => Arc::new(MemoryStore::new()),
             StoreUrl::Sqlite(path) => Arc::new(

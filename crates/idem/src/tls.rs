@@ -28,6 +28,8 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 #[derive(Debug, Clone)]
 pub(crate) struct CaFile {
     pub(crate) path: PathBuf,
+    /// Handed to a store's driver (built only with network stores).
+    #[cfg_attr(not(any(feature = "postgres", feature = "redis")), allow(dead_code))]
     pub(crate) pem: Vec<u8>,
     certs: Vec<CertificateDer<'static>>,
 }
