@@ -59,6 +59,7 @@ use idem_core::{
 
 pub mod atomic;
 mod checks;
+pub mod consumer;
 pub mod crash;
 mod model;
 pub mod private_redis;
@@ -155,6 +156,26 @@ macro_rules! conformance_tests {
             rt.block_on(async {
                 let Some(store) = $make.await else { return };
                 $crate::race_one_key(::std::sync::Arc::new(store), 64).await;
+            });
+        }
+
+        #[test]
+        fn conformance_consumer_contract() {
+            let rt = $crate::runtime();
+            rt.block_on(async {
+                let Some(store) = $make.await else { return };
+                $crate::consumer::consumer_follows_the_record_contract(::std::sync::Arc::new(store))
+                    .await;
+            });
+        }
+
+        #[test]
+        fn conformance_consumer_race_64_tasks_one_message() {
+            let rt = $crate::runtime();
+            rt.block_on(async {
+                let Some(store) = $make.await else { return };
+                let store: ::std::sync::Arc<dyn ::idem_core::Store> = ::std::sync::Arc::new(store);
+                $crate::consumer::consumer_race_one_message(&[store], 64).await;
             });
         }
 
