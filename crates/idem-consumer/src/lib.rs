@@ -58,10 +58,12 @@
 //! ```
 
 mod batch;
+mod broker;
 mod consumer;
 mod message;
 
 pub use batch::{BatchReport, process_batch};
+pub use broker::BrokerError;
 pub use consumer::{
     APPLIED, Action, Claimed, ConsumeError, Consumer, Failure, Processed, REFUSED, applied, refused,
 };
