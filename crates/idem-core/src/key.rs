@@ -152,6 +152,10 @@ pub enum KeyError {
     /// The key looks like a JSON Web Token.
     #[error("the Idempotency-Key is shaped like a JWT; keys must not carry secrets")]
     JwtShaped,
+    /// The request carries the key header more than once: which one names
+    /// the intent?
+    #[error("the request carries more than one Idempotency-Key header")]
+    Repeated,
 }
 
 /// Hygiene rules a key must pass beyond its syntax.

@@ -166,7 +166,10 @@ impl ReadPath {
     async fn find(&self, parts: &http::request::Parts) -> Result<RecordView, Problem> {
         let segment = parts.uri.path().rsplit('/').next().unwrap_or("");
         let decoded = percent_encoding::percent_decode_str(segment).decode_utf8_lossy();
-        let key = Key::new(decoded.into_owned()).map_err(|e| Rejection::InvalidKey(e).problem())?;
+        // As the key header is read: bare or as an sf-string (`%22...%22`),
+        // so the key as the client sent it finds its record.
+        let key = Key::from_header_value(decoded.as_bytes())
+            .map_err(|e| Rejection::InvalidKey(e).problem())?;
         let scope = match self.shared.scope.scope_of(parts) {
             Ok(s) if s == Scope::anonymous() && !self.anonymous_reads => {
                 return Err(Rejection::Scope(ScopeError::CredentialRequired).problem());

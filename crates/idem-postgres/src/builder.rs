@@ -18,7 +18,7 @@ use crate::{Inner, PostgresStore};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 /// Options for connecting a store.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct PostgresStoreBuilder {
     url: String,
     schema: String,
@@ -27,6 +27,19 @@ pub struct PostgresStoreBuilder {
     statement_timeout: Duration,
     /// Trusted CA certificates (PEM) instead of the system's roots.
     ca_pem: Option<Vec<u8>>,
+}
+
+/// Without the URL, which may hold a password.
+impl std::fmt::Debug for PostgresStoreBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStoreBuilder")
+            .field("schema", &self.schema)
+            .field("pool_size", &self.pool_size)
+            .field("wait", &self.wait)
+            .field("statement_timeout", &self.statement_timeout)
+            .field("ca_pem", &self.ca_pem.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl PostgresStoreBuilder {
@@ -73,9 +86,11 @@ impl PostgresStoreBuilder {
         self
     }
 
-    /// Trust only these CA certificates (PEM, one or more) when the URL's
-    /// `sslmode` is `verify-ca` or `verify-full`, instead of the system's
-    /// roots: for a server whose certificate a private CA signed.
+    /// Trust only these CA certificates (PEM, one or more) instead of the
+    /// system's roots: for a server whose certificate a private CA signed.
+    /// The URL's `sslmode` must be `verify-full`, `verify-ca`, or `require`
+    /// (which, with a CA, checks the chain as `verify-ca` does, as libpq
+    /// reads it); with `prefer`, `disable` or none the builder refuses.
     pub fn ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.ca_pem = Some(pem.into());
         self
@@ -118,6 +133,23 @@ impl PostgresStoreBuilder {
                 "postgres store: the URL gives sslmode more than once",
             ));
         }
+        // A CA given is never ignored: with `require` it checks the chain
+        // (libpq reads `require` with a root certificate as `verify-ca`);
+        // with a mode that may not encrypt at all it is refused.
+        let verification = match (verification, &self.ca_pem) {
+            (Verification::EncryptOnly, Some(_))
+                if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require =>
+            {
+                Verification::Ca
+            }
+            (Verification::EncryptOnly, Some(_)) => {
+                return Err(StoreError::new(
+                    StoreErrorKind::Setup,
+                    "postgres store: a CA certificate needs sslmode=require, verify-ca or verify-full in the URL (with prefer or disable the connection may not be encrypted at all)",
+                ));
+            }
+            (v, _) => v,
+        };
         // The CA file is read now, so a bad one is a configuration error.
         let connector = tls::connector(verification, self.ca_pem.as_deref())?;
         Ok((config, connector))

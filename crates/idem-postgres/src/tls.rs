@@ -15,6 +15,9 @@
 //! as `require`, with a certificate verifier that does the checking. The
 //! trusted CAs are the system's roots, or only the PEM certificates given
 //! to [`PostgresStoreBuilder::ca_pem`](crate::PostgresStoreBuilder::ca_pem).
+//! A CA given is never ignored: with `require` it makes the check
+//! `verify-ca`'s (as libpq does with a root certificate), and with
+//! `prefer`, `disable` or no `sslmode` the builder refuses it.
 //! Without a check (`prefer`, `require`) the connection is still encrypted
 //! and the handshake's signatures still verified; only who holds the
 //! certificate is not, as in libpq.

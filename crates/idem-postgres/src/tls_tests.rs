@@ -95,12 +95,19 @@ fn each_sslmode_encrypts_and_checks_as_libpq_does() {
             connect(&url, "require", None).await.unwrap(),
             "require: encrypted"
         );
-        // require checks nothing: a CA that signed nothing does not matter.
+        // require checks nothing without a CA; with one it checks the
+        // chain, as verify-ca does (libpq's reading).
+        assert!(connect(&url, "require", Some(&server_cert)).await.unwrap());
         assert!(
             connect(&url, "require", Some(stranger.as_bytes()))
                 .await
-                .unwrap()
+                .is_err()
         );
+        // A CA with a mode that may not encrypt is refused before connecting.
+        for mode in ["prefer", "disable"] {
+            let e = connect(&url, mode, Some(&server_cert)).await.unwrap_err();
+            assert_eq!(e.kind(), StoreErrorKind::Setup, "{mode}: {e}");
+        }
 
         // verify-ca: the chain must lead to the CA given.
         assert!(

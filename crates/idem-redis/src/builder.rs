@@ -11,13 +11,24 @@ use crate::error::redis_error;
 use crate::scripts::{Keys, Scripts};
 
 /// Options for connecting a store.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct RedisStoreBuilder {
     url: String,
     prefix: String,
     timeout: Duration,
     /// Trusted CA certificates (PEM) instead of the system's roots.
     ca_pem: Option<Vec<u8>>,
+}
+
+/// Without the URL, which may hold a password.
+impl std::fmt::Debug for RedisStoreBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStoreBuilder")
+            .field("prefix", &self.prefix)
+            .field("timeout", &self.timeout)
+            .field("ca_pem", &self.ca_pem.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl RedisStoreBuilder {
@@ -47,7 +58,12 @@ impl RedisStoreBuilder {
     /// Trust only these CA certificates (PEM, one or more) for a
     /// `rediss://` server, instead of the system's roots: for a server
     /// whose certificate a private CA signed. The server's certificate is
-    /// always checked, name included (no `#insecure`).
+    /// always checked, name included (no `#insecure`). Refused with a
+    /// plain `redis://` URL, where it would be ignored.
+    ///
+    /// The driver takes the process's default rustls `CryptoProvider`:
+    /// install one at start (`rustls::crypto::ring::default_provider()
+    /// .install_default()`); without it a `rediss://` store is refused.
     pub fn ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.ca_pem = Some(pem.into());
         self
@@ -74,12 +90,21 @@ impl RedisStoreBuilder {
                 "redis store: #insecure is refused: the server's certificate is always checked",
             ));
         }
-        if matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. })
-            && rustls::crypto::CryptoProvider::get_default().is_none()
-        {
+        let tls = matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. });
+        if tls && rustls::crypto::CryptoProvider::get_default().is_none() {
             // The driver builds its TLS configuration from the process's
-            // default provider; without one it would panic on connect.
-            let _ = rustls::crypto::ring::default_provider().install_default();
+            // default provider; without one it would panic on connect. A
+            // library does not choose the process's provider for it.
+            return Err(StoreError::new(
+                StoreErrorKind::Setup,
+                "redis store: rediss:// needs a rustls CryptoProvider installed for the process, e.g. rustls::crypto::ring::default_provider().install_default() at start",
+            ));
+        }
+        if !tls && self.ca_pem.is_some() {
+            return Err(StoreError::new(
+                StoreErrorKind::Setup,
+                "redis store: a CA certificate is for a rediss:// URL; this one is not encrypted",
+            ));
         }
         match &self.ca_pem {
             None => redis::Client::open(info).map_err(invalid),

@@ -29,6 +29,9 @@ fn rediss_checks_the_servers_certificate() {
     server.wait_ready();
     assert!(server.url().starts_with("rediss://"));
 
+    // The driver takes the process's provider; the binary installs ring at
+    // start, and so does this test.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     idem_testkit::runtime().block_on(async {
         // Trusting the CA that signed the server's certificate: the store
         // works over TLS.
@@ -79,12 +82,20 @@ fn rediss_checks_the_servers_certificate() {
 
 #[test]
 fn certificate_checks_cannot_be_turned_off() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let e = RedisStore::builder("rediss://127.0.0.1:6380/#insecure")
         .check()
         .unwrap_err();
     assert_eq!(e.kind(), StoreErrorKind::Setup, "{e}");
     let e = RedisStore::builder("rediss://127.0.0.1:6380/")
         .ca_pem("not a certificate")
+        .check()
+        .unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Setup, "{e}");
+    // A CA with a plain URL would be ignored: refused.
+    let ca = TestCa::new("unused").cert_pem();
+    let e = RedisStore::builder("redis://127.0.0.1:6379/")
+        .ca_pem(ca)
         .check()
         .unwrap_err();
     assert_eq!(e.kind(), StoreErrorKind::Setup, "{e}");

@@ -43,6 +43,9 @@ pub enum KeyMode {
 pub struct CallSpec {
     key: KeyMode,
     idempotent_method: bool,
+    /// The key header exactly as the caller's request carried it, sent
+    /// unchanged (a server that compares bytes sees the caller's key).
+    as_sent: Option<HeaderValue>,
 }
 
 impl CallSpec {
@@ -58,6 +61,7 @@ impl CallSpec {
                 KeyMode::Generate
             },
             idempotent_method,
+            as_sent: None,
         }
     }
 
@@ -66,6 +70,7 @@ impl CallSpec {
         CallSpec {
             key: KeyMode::Generate,
             idempotent_method: false,
+            as_sent: None,
         }
     }
 
@@ -74,38 +79,50 @@ impl CallSpec {
     /// `key` is the value itself, without quotes; it goes on the wire as
     /// an sf-string ([`Attempt::key_header_value`]). A key that is not 1
     /// to 255 printable ASCII characters fails the call before anything
-    /// is sent, with [`RetryError::InvalidKey`].
+    /// is sent, with [`RetryError::InvalidKey`]; so does one that starts
+    /// or ends with a space (HTTP would strip it, and the server would see
+    /// another key).
     pub fn with_key(mut self, key: impl Into<String>) -> Self {
         self.key = KeyMode::Given(key.into());
+        self.as_sent = None;
         self
     }
 
     /// Sends no key.
     pub fn without_key(mut self) -> Self {
         self.key = KeyMode::None;
+        self.as_sent = None;
         self
     }
 
     /// For an HTTP request the adapters retry: as [`CallSpec::for_method`],
-    /// but an `Idempotency-Key` the request already carries is kept. It is
-    /// read as the server reads it (an sf-string or a bare value), so it
-    /// names the same key when it is sent again as an sf-string.
+    /// but an `Idempotency-Key` the request already carries is kept and
+    /// sent on every attempt exactly as the caller wrote it (bare or
+    /// sf-string: a server that compares the header's bytes sees the
+    /// caller's key). It must read as a key the way the server reads it.
     ///
     /// # Errors
-    /// The header's value is not a key ([`KeyError`]).
+    /// The header's value is not a key, or the header is there more than
+    /// once ([`KeyError::Repeated`]: which one names the intent?).
     #[cfg(any(feature = "reqwest", feature = "tower"))]
     pub(crate) fn for_request(
         method: &Method,
         headers: &http::HeaderMap,
     ) -> Result<CallSpec, KeyError> {
         let spec = CallSpec::for_method(method);
-        match headers.get(idem_core::header_names::IDEMPOTENCY_KEY) {
-            Some(value) => {
-                let key = Key::from_header_value(value.as_bytes())?;
-                Ok(spec.with_key(key.as_str()))
-            }
-            None => Ok(spec),
+        let mut values = headers
+            .get_all(idem_core::header_names::IDEMPOTENCY_KEY)
+            .iter();
+        let Some(value) = values.next() else {
+            return Ok(spec);
+        };
+        if values.next().is_some() {
+            return Err(KeyError::Repeated);
         }
+        let key = Key::from_header_value(value.as_bytes())?;
+        let mut spec = spec.with_key(key.as_str());
+        spec.as_sent = Some(value.clone());
+        Ok(spec)
     }
 }
 
@@ -120,6 +137,8 @@ pub struct Attempt {
     pub key: Option<Arc<str>>,
     /// A refreshed `Authorization` value, after a 401/403 refresh.
     pub authorization: Option<HeaderValue>,
+    /// The key header value to send ([`Attempt::key_header_value`]).
+    wire: Option<HeaderValue>,
 }
 
 impl Attempt {
@@ -128,13 +147,13 @@ impl Attempt {
     /// draft-ietf-httpapi-idempotency-key-header writes. idem's server
     /// reads the bare form as the same key too.
     ///
-    /// `None` without a key, or for a key that cannot be sent (not 1 to
-    /// 255 printable ASCII characters): [`Retrier::call`] and the adapters
-    /// fail such a call before its first attempt, so for them it is `Some`
-    /// whenever [`Attempt::key`] is.
+    /// A key the caller's request carried (the adapters' case) goes out as
+    /// the caller wrote it. `None` without a key; a key that cannot be
+    /// sent makes the call unkeyed ([`Retrier::start`]), and
+    /// [`Retrier::call`] and the adapters fail such a call before its
+    /// first attempt.
     pub fn key_header_value(&self) -> Option<HeaderValue> {
-        let key = Key::new(self.key.as_deref()?).ok()?;
-        HeaderValue::from_str(&key.to_sf_string()).ok()
+        self.wire.clone()
     }
 
     /// Sets this attempt's `Idempotency-Key` and refreshed `Authorization`
@@ -336,7 +355,7 @@ impl Retrier {
         transport: &mut T,
     ) -> (Result<T::Response, RetryError<T::Error>>, CallReport) {
         if let KeyMode::Given(key) = &spec.key
-            && let Err(e) = Key::new(key.as_str())
+            && let Err(e) = sendable_key(key)
         {
             let report = CallReport {
                 attempts: 0,
@@ -380,15 +399,28 @@ impl Retrier {
     /// Starts a call whose attempts the caller sends itself, deciding after
     /// each with [`CallState::after`] (for a transport that can be put
     /// neither in a closure for [`Retrier::call`] nor in this crate's
-    /// adapters). The key is not checked here: send
-    /// [`Attempt::key_header_value`], which is `None` for a key that
-    /// cannot be sent.
+    /// adapters). Send [`Attempt::key_header_value`]. A given key that
+    /// cannot be sent ([`CallSpec::with_key`]) makes the call unkeyed: no
+    /// key header, and no retry that only a key would make safe.
     pub fn start(&self, spec: CallSpec) -> CallState {
-        let key: Option<Arc<str>> = match spec.key {
-            KeyMode::Generate => Some(uuid::Uuid::new_v4().to_string().into()),
-            KeyMode::Given(k) => Some(k.into()),
-            KeyMode::None => None,
+        let (key, wire): (Option<Arc<str>>, Option<HeaderValue>) = match spec.key {
+            KeyMode::Generate => {
+                let key = uuid::Uuid::new_v4().to_string();
+                let wire = HeaderValue::from_str(&format!("\"{key}\"")).ok();
+                (Some(key.into()), wire)
+            }
+            KeyMode::Given(k) => match sendable_key(&k) {
+                Ok(valid) => {
+                    let wire = spec
+                        .as_sent
+                        .or_else(|| HeaderValue::from_str(&valid.to_sf_string()).ok());
+                    (Some(k.into()), wire)
+                }
+                Err(_) => (None, None),
+            },
+            KeyMode::None => (None, None),
         };
+        let key = if wire.is_some() { key } else { None };
         CallState {
             policy: self.policy.clone(),
             kind: CallKind {
@@ -400,6 +432,7 @@ impl Retrier {
                 number: 0,
                 key,
                 authorization: None,
+                wire,
             },
             refreshed: false,
             previous_delay: self.policy.backoff.base(),
@@ -408,6 +441,20 @@ impl Retrier {
             waited: Duration::ZERO,
         }
     }
+}
+
+/// A key the caller gave, as it can be sent: 1 to 255 printable ASCII
+/// characters, not starting or ending with a space (HTTP strips those, so
+/// the server would see another key).
+fn sendable_key(key: &str) -> Result<Key, KeyError> {
+    let valid = Key::new(key)?;
+    if let Some(at) = [0, key.len().saturating_sub(1)]
+        .into_iter()
+        .find(|&i| key.as_bytes().get(i) == Some(&b' '))
+    {
+        return Err(KeyError::InvalidCharacter { byte: b' ', at });
+    }
+    Ok(valid)
 }
 
 /// What to do after an attempt.

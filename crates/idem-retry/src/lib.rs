@@ -2,10 +2,11 @@
 //!
 //! A logical call gets one `Idempotency-Key` (a UUID v4 unless you give
 //! one), sent unchanged on every attempt, so the server executes it once
-//! however often it is retried. The key goes out as an RFC 8941 sf-string,
-//! `Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324"`, as
-//! draft-ietf-httpapi-idempotency-key-header writes it; idem's server
-//! reads that and the bare form as the same key. Each failure is classified (docs/contract.md,
+//! however often it is retried. A generated or given key goes out as an
+//! RFC 8941 sf-string, `Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324"`,
+//! as draft-ietf-httpapi-idempotency-key-header writes it (idem's server
+//! reads that and the bare form as the same key); a key header the
+//! request already carries goes out exactly as written. Each failure is classified (docs/contract.md,
 //! *Retries*): a request that was never sent is always retried; one that
 //! may have reached the server only if it is repeatable (it has a key, or
 //! an idempotent method such as GET or PUT), and then for an unknown

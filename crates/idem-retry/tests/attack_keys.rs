@@ -24,6 +24,9 @@ fn fast() -> RetryPolicy {
         .build()
 }
 
+/// The `Idempotency-Key` values of each request, in order.
+type Seen = Arc<Mutex<Vec<Vec<HeaderValue>>>>;
+
 /// A tower client that records the `Idempotency-Key` values of every
 /// request it gets and answers 200.
 fn recording() -> (
@@ -35,7 +38,7 @@ fn recording() -> (
     > + Clone
     + Send
     + 'static,
-    Arc<Mutex<Vec<Vec<HeaderValue>>>>,
+    Seen,
 ) {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let record = seen.clone();

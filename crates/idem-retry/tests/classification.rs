@@ -199,15 +199,12 @@ async fn an_unknown_result_is_retried_with_the_same_key() {
 async fn a_caller_key_is_kept_and_gets_are_retried_without_one() {
     let (base, seen) = server().await;
     let c = client(fast_policy());
-    // The bare form and the sf-string form name the same key, which goes
-    // out as an sf-string on every attempt; quotes and backslashes in it
-    // are escaped.
+    // A key on the request, bare or as an sf-string (quotes and
+    // backslashes escaped), is sent unchanged on every attempt.
     for (path, sent, on_the_wire) in [
-        (
-            "/status/503",
-            "my-own-intent-0001",
-            r#""my-own-intent-0001""#,
-        ),
+        // The caller's header goes out as the caller wrote it, bare or
+        // quoted: a server that compares bytes sees the caller's key.
+        ("/status/503", "my-own-intent-0001", "my-own-intent-0001"),
         (
             "/status/502",
             r#""my-own-intent-0002""#,

@@ -298,7 +298,8 @@ pub(crate) struct StoreArgs {
 pub(crate) enum RecordsCommand {
     /// Show a record.
     Get {
-        /// The key, as the client sent it in its key header.
+        /// The key, as the client sent it in its key header (bare, or as a
+        /// quoted sf-string: both name the same key).
         key: String,
         #[command(flatten)]
         store: StoreArgs,

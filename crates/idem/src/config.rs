@@ -620,7 +620,13 @@ impl GatewayConfig {
                         ));
                         None
                     }
-                    _ => ca.map(Some),
+                    Some(url) => match ca {
+                        Some(ca) => p
+                            .check(url.check_ca(&ca).context("--store-ca"))
+                            .map(|()| Some(ca)),
+                        None => None,
+                    },
+                    None => None,
                 }
             }
         };

@@ -140,7 +140,10 @@ pub(crate) async fn run(cmd: RecordsCommand) -> anyhow::Result<()> {
                 ScopeInput::Credential(c) => Scope::from_credential(c.as_bytes()),
                 ScopeInput::Anonymous => Scope::anonymous(),
             };
-            let key = Key::new(key).context("invalid key").or_usage()?;
+            // As the key header is read: bare or as an sf-string.
+            let key = Key::from_header_value(key.as_bytes())
+                .context("invalid key")
+                .or_usage()?;
             let operations = match (path, config) {
                 (Some(p), _) => vec![(method, p)],
                 (None, Some(c)) => route_operations(&c).or_usage()?,

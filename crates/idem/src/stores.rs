@@ -107,6 +107,28 @@ impl StoreUrl {
         !matches!(self, StoreUrl::Memory | StoreUrl::Sqlite(_))
     }
 
+    /// Checks `ca` against the URL as the driver will use it: a CA the URL
+    /// would ignore (PostgreSQL without `sslmode=require` or a `verify-*`
+    /// mode, plain `redis://`) is refused, not dropped.
+    pub(crate) fn check_ca(&self, ca: &CaFile) -> Result<(), StoreUrlError> {
+        match self {
+            #[cfg(feature = "postgres")]
+            StoreUrl::Postgres(url) => idem_postgres::PostgresStore::builder(url)
+                .ca_pem(ca.pem.clone())
+                .check()
+                .map_err(|e| StoreUrlError::Unreadable(e.to_string())),
+            #[cfg(feature = "redis")]
+            StoreUrl::Redis(url) => idem_redis::RedisStore::builder(url)
+                .ca_pem(ca.pem.clone())
+                .check()
+                .map_err(|e| StoreUrlError::Unreadable(e.to_string())),
+            _ => {
+                let _ = ca;
+                Ok(())
+            }
+        }
+    }
+
     /// Opens (or connects to) the store, creating or migrating its schema;
     /// `ca` replaces the system's roots for a TLS connection to it.
     pub(crate) async fn open(&self, ca: Option<&CaFile>) -> anyhow::Result<Arc<dyn Store>> {

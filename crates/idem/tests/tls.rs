@@ -284,7 +284,7 @@ fn tls_settings_are_checked_before_start() {
         ca_file.to_str().unwrap(),
         junk.to_str().unwrap(),
     );
-    let refused: [(&[&str], &str); 7] = [
+    let refused: [(&[&str], &str); 9] = [
         (
             &["--tls-cert", cert],
             "--tls-cert and --tls-key go together",
@@ -300,6 +300,20 @@ fn tls_settings_are_checked_before_start() {
         (
             &["--store", "sqlite:x.db", "--store-ca", ca_file],
             "--store-ca is for a PostgreSQL or Redis store",
+        ),
+        // A CA the URL would ignore is refused, not dropped.
+        (
+            &[
+                "--store",
+                "postgres://u@h/db?sslmode=prefer",
+                "--store-ca",
+                ca_file,
+            ],
+            "needs sslmode=require",
+        ),
+        (
+            &["--store", "redis://127.0.0.1:6379", "--store-ca", ca_file],
+            "is for a rediss:// URL",
         ),
     ];
     for (extra, expected) in refused {

@@ -36,7 +36,6 @@
 //! in one transaction (exactly once across crashes), see atomic mode in
 //! the `idem-ledger` crate.
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use axum::extract::rejection::JsonRejection;
@@ -63,7 +62,9 @@ pub struct NewPayment {
 /// A payment made.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Payment {
-    /// `pay_1`, `pay_2`, …
+    /// `pay_` and a random UUID: never reused, not even after a restart
+    /// (the records outlive this example's in-memory payments, and a
+    /// replay's `Location` must never name another client's payment).
     pub id: String,
     /// As asked.
     pub amount: u64,
@@ -71,14 +72,14 @@ pub struct Payment {
     pub currency: String,
     /// As asked.
     pub to: String,
-    /// The key the payment was made under, for reconciliation.
-    pub idempotency_key: String,
 }
 
-/// The payments made, in memory.
+/// The payments made, in memory (a real service keeps them in its
+/// database, ideally in the store's atomic mode), with the key each was
+/// made under, for reconciliation; keys are never shown.
 #[derive(Debug, Default)]
 struct Ledger {
-    payments: Mutex<BTreeMap<u64, Payment>>,
+    payments: Mutex<Vec<(Payment, String)>>,
 }
 
 /// The service over `store` (an `idem_sqlite::SqliteStore` in `main`),
@@ -121,15 +122,13 @@ async fn create_payment(
             .payments
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let n = payments.len() as u64 + 1;
         let payment = Payment {
-            id: format!("pay_{n}"),
+            id: format!("pay_{}", uuid::Uuid::new_v4().simple()),
             amount: new.amount,
             currency: new.currency,
             to: new.to,
-            idempotency_key: ctx.id().key.as_str().to_owned(),
         };
-        payments.insert(n, payment.clone());
+        payments.push((payment.clone(), ctx.id().key.as_str().to_owned()));
         payment
     };
     let mut response = (StatusCode::CREATED, Json(&payment)).into_response();
@@ -146,7 +145,7 @@ async fn list_payments(State(ledger): State<Arc<Ledger>>) -> Json<Vec<Payment>> 
         .payments
         .lock()
         .unwrap_or_else(PoisonError::into_inner);
-    Json(payments.values().cloned().collect())
+    Json(payments.iter().map(|(p, _)| p.clone()).collect())
 }
 
 /// `GET /payments/{id}`.
@@ -155,7 +154,7 @@ async fn get_payment(State(ledger): State<Arc<Ledger>>, Path(id): Path<String>) 
         .payments
         .lock()
         .unwrap_or_else(PoisonError::into_inner);
-    match payments.values().find(|p| p.id == id) {
+    match payments.iter().map(|(p, _)| p).find(|p| p.id == id) {
         Some(p) => Json(p).into_response(),
         None => problem(
             StatusCode::NOT_FOUND,

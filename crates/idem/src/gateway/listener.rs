@@ -124,7 +124,8 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for StallGuard<T> {
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
+        let poll = Pin::new(&mut self.io).poll_shutdown(cx);
+        self.watch(cx, poll)
     }
 }
 
@@ -167,17 +168,28 @@ pub(crate) async fn serve(
         let app = app.clone();
         let watcher = graceful.watcher();
         let acceptor = acceptor.clone();
+        let shutdown = shutdown.clone();
+        // The stall guard is on the socket, under TLS, so it also bounds the
+        // handshake's and the close_notify's writes.
+        let io = StallGuard::new(stream, limits.stall_timeout);
         tokio::spawn(async move {
             match acceptor {
-                None => serve_connection(stream, peer, app, limits, watcher).await,
+                None => serve_connection(io, peer, app, limits, watcher).await,
                 Some(acceptor) => {
-                    match tokio::time::timeout(limits.header_timeout, acceptor.accept(stream)).await
-                    {
-                        Ok(Ok(stream)) => {
-                            serve_connection(stream, peer, app, limits, watcher).await;
-                        }
-                        Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
-                        Err(_) => tracing::debug!("TLS handshake timed out"),
+                    // Bounded by the header timeout, and given up at
+                    // shutdown: a client that never says hello holds
+                    // neither its slot nor the shutdown.
+                    let handshake =
+                        tokio::time::timeout(limits.header_timeout, acceptor.accept(io));
+                    tokio::select! {
+                        done = handshake => match done {
+                            Ok(Ok(tls)) => {
+                                serve_connection(tls, peer, app, limits, watcher).await;
+                            }
+                            Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
+                            Err(_) => tracing::debug!("TLS handshake timed out"),
+                        },
+                        () = shutdown.cancelled() => {}
                     }
                 }
             }
@@ -190,7 +202,8 @@ pub(crate) async fn serve(
     let _ = tokio::time::timeout(grace + Duration::from_secs(1), graceful.shutdown()).await;
 }
 
-/// Serves one connection (plain or TLS) with the header and stall bounds.
+/// Serves one connection (plain or TLS, already stall-guarded) with the
+/// header bound.
 async fn serve_connection<T>(
     io: T,
     peer: SocketAddr,
@@ -208,8 +221,7 @@ async fn serve_connection<T>(
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout);
-    let io = TokioIo::new(StallGuard::new(io, limits.stall_timeout));
-    let conn = builder.serve_connection(io, TowerToHyperService::new(app));
+    let conn = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(app));
     if let Err(e) = watcher.watch(conn).await {
         tracing::debug!(error = %e, "connection ended with an error");
     }
