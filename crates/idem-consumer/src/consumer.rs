@@ -24,6 +24,10 @@ pub const APPLIED: u16 = 200;
 /// The status stored with a message the effect refused for good.
 pub const REFUSED: u16 = 422;
 
+/// The longest a message held by another consumer waits before it is
+/// delivered again ([`ConsumeError::InFlight`]).
+pub const IN_FLIGHT_RECHECK: Duration = Duration::from_secs(1);
+
 /// What to do with a delivery once it was processed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
@@ -109,8 +113,15 @@ impl<E> ConsumeError<E> {
     pub fn action(&self) -> Action {
         match self {
             ConsumeError::NoKey(_) | ConsumeError::KeyReused => Action::Reject,
+            // The holder usually finishes in milliseconds; if it died, its
+            // lease must run out first. Look again soon, never later than
+            // the lease's end.
             ConsumeError::InFlight { lease_until } => Action::Redeliver {
-                after: Some(lease_until.saturating_since(Timestamp::now())),
+                after: Some(
+                    lease_until
+                        .saturating_since(Timestamp::now())
+                        .min(IN_FLIGHT_RECHECK),
+                ),
             },
             ConsumeError::Effect(_)
             | ConsumeError::Panicked

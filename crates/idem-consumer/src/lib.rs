@@ -61,11 +61,16 @@ mod batch;
 mod broker;
 mod consumer;
 mod message;
+#[cfg(feature = "nats")]
+pub mod nats;
+#[cfg(feature = "rabbitmq")]
+pub mod rabbitmq;
 
 pub use batch::{BatchReport, process_batch};
 pub use broker::BrokerError;
 pub use consumer::{
-    APPLIED, Action, Claimed, ConsumeError, Consumer, Failure, Processed, REFUSED, applied, refused,
+    APPLIED, Action, Claimed, ConsumeError, Consumer, Failure, IN_FLIGHT_RECHECK, Processed,
+    REFUSED, applied, refused,
 };
 pub use message::{KeySource, Message, MissingKey};
 

@@ -26,7 +26,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
-use idem_core::{Atomic, Completion, StoreError, StoredResponse};
+use idem_core::{Atomic, Completion, Fence, RecordId, StoreError, StoredResponse};
 use idem_http::{IdempotencyContext, IdempotencyLayer, Problem, RouteRule, stored_to_response};
 use serde::{Deserialize, Serialize};
 
@@ -97,10 +97,12 @@ pub trait Ledger: Send + Sync + 'static {
     /// Creates `n` accounts `acct-0`..`acct-{n-1}` with `balance` each,
     /// unless they exist.
     fn seed(&self, n: usize, balance: i64) -> impl Future<Output = Result<(), LedgerError>> + Send;
-    /// Runs a transfer atomically with the completion of its record.
+    /// Runs a transfer atomically with the completion of record `id`,
+    /// claimed under `fence` (by the HTTP layer, or by a message consumer).
     fn transfer(
         &self,
-        ctx: &IdempotencyContext,
+        id: &RecordId,
+        fence: Fence,
         req: TransferRequest,
     ) -> impl Future<Output = Result<Outcome, LedgerError>> + Send;
     /// An account's balance.
@@ -185,7 +187,7 @@ async fn transfer<L: Ledger>(
             "amount must be positive and accounts distinct",
         );
     }
-    match ledger.transfer(&ctx, req).await {
+    match ledger.transfer(ctx.id(), ctx.fence(), req).await {
         Ok(Outcome::Done(stored)) => {
             ctx.mark_completed();
             let mut response = stored_to_response(&stored).map(axum::body::Body::new);

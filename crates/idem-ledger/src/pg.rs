@@ -2,7 +2,7 @@
 //! transaction, which holds the record's row lock.
 
 use idem_core::Completion;
-use idem_http::IdempotencyContext;
+use idem_core::{Fence, RecordId};
 use idem_postgres::{PgError, PostgresStore, Transaction};
 
 use crate::{
@@ -126,14 +126,15 @@ impl Ledger for PostgresLedger {
 
     async fn transfer(
         &self,
-        ctx: &IdempotencyContext,
+        id: &RecordId,
+        fence: Fence,
         req: TransferRequest,
     ) -> Result<Outcome, LedgerError> {
-        let key = ctx.id().key.as_str().to_owned();
+        let key = id.key.as_str().to_owned();
         let s = self.store.schema().to_owned();
         let done = self
             .store
-            .complete_atomically(ctx.id(), ctx.fence(), move |tx| {
+            .complete_atomically(id, fence, move |tx| {
                 Box::pin(async move {
                     let completion = apply(tx, &s, &key, &req).await?;
                     Ok::<_, PgError>((completion.response.clone(), completion))

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use idem_core::Completion;
-use idem_http::IdempotencyContext;
+use idem_core::{Fence, RecordId};
 use idem_sqlite::SqliteStore;
 use rusqlite::{Connection, OptionalExtension, params};
 
@@ -145,13 +145,14 @@ impl Ledger for SqliteLedger {
 
     async fn transfer(
         &self,
-        ctx: &IdempotencyContext,
+        id: &RecordId,
+        fence: Fence,
         req: TransferRequest,
     ) -> Result<Outcome, LedgerError> {
-        let key = ctx.id().key.as_str().to_owned();
+        let key = id.key.as_str().to_owned();
         let done = self
             .store
-            .complete_atomically(ctx.id(), ctx.fence(), move |conn| {
+            .complete_atomically(id, fence, move |conn| {
                 let completion = apply(conn, &key, &req)?;
                 Ok::<_, rusqlite::Error>((completion.response.clone(), completion))
             })

@@ -4,7 +4,7 @@
 //! release, so each store must give it the same answers.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use idem_consumer::{
     Action, ConsumeError, Consumer, Failure, KeySource, Message, Processed, process_batch,
@@ -13,19 +13,7 @@ use idem_core::{Scope, Store};
 
 /// A scope no other run or check uses (stores may outlive a test run).
 fn fresh_scope(tag: &str) -> Scope {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    Scope::from_tenant(
-        format!(
-            "consumer-{tag}-{}-{}-{nanos}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        )
-        .as_bytes(),
-    )
+    Scope::from_tenant(crate::unique_name(&format!("consumer_{tag}")).as_bytes())
 }
 
 fn transfer(id: &str, amount: u64) -> Message {

@@ -207,6 +207,20 @@ macro_rules! conformance_tests {
     };
 }
 
+/// A name no other test, run or process uses (for schemas, streams,
+/// queues and scopes on servers that outlive a test run).
+pub fn unique_name(tag: &str) -> String {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!(
+        "idem_test_{tag}_{}_{}_{nanos}",
+        std::process::id(),
+        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    )
+}
+
 /// A multi-threaded runtime for the suite's tests.
 pub fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()

@@ -263,6 +263,21 @@ pub(crate) struct DemoArgs {
     /// Seed for the fault choices.
     #[arg(long, default_value_t = 42)]
     pub(crate) seed: u64,
+    /// Feed the ledger from a message broker instead of HTTP:
+    /// nats://HOST:PORT (JetStream) or amqp://USER:PASS@HOST:PORT/VHOST
+    /// (RabbitMQ). The consumer runs in a child process killed with
+    /// SIGKILL --kills times mid-stream.
+    #[arg(long, value_name = "URL")]
+    pub(crate) broker: Option<String>,
+    /// With --broker: how many consumer processes are killed.
+    #[arg(long, default_value_t = 5)]
+    pub(crate) kills: u32,
+    /// With --broker: run as a consumer child of this stream or queue.
+    #[arg(long, hide = true, requires = "broker")]
+    pub(crate) consumer: Option<String>,
+    /// With --consumer: where to stop and wait to be killed.
+    #[arg(long, hide = true, requires = "consumer")]
+    pub(crate) consumer_pause: Option<String>,
 }
 
 /// A share, from 0 to 1 (the demo's fault rates). Refused here, with the

@@ -8,6 +8,7 @@
 //! resolved at the end with the same keys (a client's reconciliation),
 //! which must not execute anything twice.
 
+mod broker;
 mod faults;
 mod report;
 
@@ -44,23 +45,48 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         .map(str::parse::<StoreUrl>)
         .transpose()
         .context("--store")?;
+    let broker = args
+        .broker
+        .as_deref()
+        .map(broker::BrokerUrl::parse)
+        .transpose()
+        .or_usage()?;
+    // With a broker, the stream or queue is named once and the consumer
+    // children are given its name (a PostgreSQL schema is named after it).
+    let queue = match (&broker, &args.consumer) {
+        (_, Some(q)) => q.clone(),
+        (Some(_), None) => {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos());
+            format!("idem-demo-{}-{nanos}", std::process::id())
+        }
+        (None, None) => format!("idem-demo-{}", std::process::id()),
+    };
+    let mode = Mode {
+        broker,
+        queue,
+        args: &args,
+    };
     match &store {
         None => {
             let dir = tempfile::tempdir().context("cannot create a temporary directory")?;
-            let ledger = SqliteLedger::open(dir.path().join("demo.db"))
-                .context("cannot open the demo ledger")?;
+            let path = dir.path().join("demo.db");
+            let ledger = SqliteLedger::open(&path).context("cannot open the demo ledger")?;
             let store = ledger.store().clone();
             eprintln!("idem demo: ledger on SQLite in {}", dir.path().display());
-            drive(Arc::new(ledger), store, &args).await
+            mode.dispatch(Arc::new(ledger), store, format!("sqlite:{}", path.display()))
+                .await
         }
         Some(StoreUrl::Sqlite(path)) => {
             let ledger = SqliteLedger::open(path).context("cannot open the demo ledger")?;
             let store = ledger.store().clone();
-            drive(Arc::new(ledger), store, &args).await
+            mode.dispatch(Arc::new(ledger), store, format!("sqlite:{}", path.display()))
+                .await
         }
         #[cfg(feature = "postgres")]
         Some(url @ StoreUrl::Postgres(conn)) => {
-            let schema = format!("idem_demo_{}", std::process::id());
+            let schema = mode.queue.replace('-', "_");
             let store = idem_postgres::PostgresStore::builder(conn)
                 .schema(schema)
                 .pool_size(16)
@@ -70,7 +96,7 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
             let ledger = PostgresLedger::new(store.clone())
                 .await
                 .context("cannot create the demo ledger")?;
-            let code = drive(Arc::new(ledger), store.clone(), &args).await;
+            let code = mode.dispatch(Arc::new(ledger), store.clone(), conn.clone()).await;
             store
                 .drop_schema()
                 .await
@@ -81,6 +107,48 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
             "--store for the demo must be sqlite:PATH or postgres://... (the ledger keeps its transfers in SQL), not {other}"
         ))
         .or_usage(),
+    }
+}
+
+/// What the demo runs: over HTTP, or through a broker as the parent or a
+/// consumer child.
+struct Mode<'a> {
+    broker: Option<broker::BrokerUrl>,
+    queue: String,
+    args: &'a DemoArgs,
+}
+
+impl Mode<'_> {
+    async fn dispatch<L: Ledger, S: Store + Clone + 'static>(
+        &self,
+        ledger: Arc<L>,
+        store: S,
+        store_arg: String,
+    ) -> anyhow::Result<ExitCode> {
+        match (&self.broker, &self.args.consumer) {
+            (None, _) => drive(ledger, store, self.args).await,
+            (Some(url), None) => {
+                broker::run_parent(
+                    url,
+                    &self.queue,
+                    ledger,
+                    Arc::new(store),
+                    &store_arg,
+                    self.args,
+                )
+                .await
+            }
+            (Some(url), Some(queue)) => {
+                broker::run_child(
+                    url,
+                    queue,
+                    self.args.consumer_pause.as_deref(),
+                    ledger,
+                    Arc::new(store),
+                )
+                .await
+            }
+        }
     }
 }
 
