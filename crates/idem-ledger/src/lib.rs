@@ -105,6 +105,14 @@ pub trait Ledger: Send + Sync + 'static {
         fence: Fence,
         req: TransferRequest,
     ) -> impl Future<Output = Result<Outcome, LedgerError>> + Send;
+    /// The same transfer in a transaction of its own, with no idempotency
+    /// record: what a consumer without idem does (the baseline of
+    /// `bench/consumer.sh`). Returns whether it moved money.
+    fn transfer_unrecorded(
+        &self,
+        key: &str,
+        req: TransferRequest,
+    ) -> impl Future<Output = Result<bool, LedgerError>> + Send;
     /// An account's balance.
     fn balance(
         &self,

@@ -144,6 +144,23 @@ impl Ledger for PostgresLedger {
         Ok(outcome(done)?)
     }
 
+    async fn transfer_unrecorded(
+        &self,
+        key: &str,
+        req: TransferRequest,
+    ) -> Result<bool, LedgerError> {
+        let mut client = self.store.pool().get().await.map_err(|e| {
+            LedgerError::Store(idem_core::StoreError::new(
+                idem_core::StoreErrorKind::Unavailable,
+                e.to_string(),
+            ))
+        })?;
+        let tx = client.transaction().await?;
+        let completion = apply(&tx, self.store.schema(), key, &req).await?;
+        tx.commit().await?;
+        Ok(completion.status() == idem_core::Status::Completed)
+    }
+
     async fn balance(&self, account: &str) -> Result<Option<i64>, LedgerError> {
         let sql = format!(
             "SELECT balance FROM {}.accounts WHERE id = $1",

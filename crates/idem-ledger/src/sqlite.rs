@@ -160,6 +160,32 @@ impl Ledger for SqliteLedger {
         Ok(outcome(done)?)
     }
 
+    async fn transfer_unrecorded(
+        &self,
+        key: &str,
+        req: TransferRequest,
+    ) -> Result<bool, LedgerError> {
+        let key = key.to_owned();
+        // On the reader's connection (WAL, synchronous=FULL as the store's):
+        // one IMMEDIATE transaction, committed and synced.
+        self.read(move |c| {
+            c.execute_batch("PRAGMA synchronous = FULL; BEGIN IMMEDIATE")?;
+            let done = apply(c, &key, &req)
+                .map(|completion| completion.status() == idem_core::Status::Completed);
+            match done {
+                Ok(moved) => {
+                    c.execute_batch("COMMIT")?;
+                    Ok(moved)
+                }
+                Err(e) => {
+                    let _ = c.execute_batch("ROLLBACK");
+                    Err(e)
+                }
+            }
+        })
+        .await
+    }
+
     async fn balance(&self, account: &str) -> Result<Option<i64>, LedgerError> {
         let account = account.to_owned();
         self.read(move |c| {

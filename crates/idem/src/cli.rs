@@ -269,6 +269,11 @@ pub(crate) struct DemoArgs {
     /// SIGKILL --kills times mid-stream.
     #[arg(long, value_name = "URL")]
     pub(crate) broker: Option<String>,
+    /// With --broker: instead of the demo, measure messages per second
+    /// through one consumer, without idem and with its atomic mode
+    /// (--intents messages per row; bench/consumer.sh).
+    #[arg(long, requires = "broker")]
+    pub(crate) bench: bool,
     /// With --broker: how many consumer processes are killed.
     #[arg(long, default_value_t = 5)]
     pub(crate) kills: u32,

@@ -82,3 +82,25 @@ fn every_message_applied_once_through_sigkills_on_postgres() {
         check(&broker, Some(&pg));
     }
 }
+
+/// `--bench` (bench/consumer.sh) runs each of its rows to the end on every
+/// broker: a row that lost a message would never finish.
+#[test]
+fn the_consumer_bench_runs_every_row() {
+    for broker in brokers() {
+        let out = Command::new(env!("CARGO_BIN_EXE_idem"))
+            .args(["demo", "--broker", &broker, "--bench", "--intents", "200"])
+            .env("RUST_LOG", "warn")
+            .output()
+            .unwrap();
+        let report = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{broker}: {report}");
+        for row in [
+            "own transaction, no idem",
+            "idem atomic mode",
+            "batch together",
+        ] {
+            assert!(report.contains(row), "{broker}: {row} in {report}");
+        }
+    }
+}

@@ -127,6 +127,9 @@ impl Mode<'_> {
     ) -> anyhow::Result<ExitCode> {
         match (&self.broker, &self.args.consumer) {
             (None, _) => drive(ledger, store, self.args).await,
+            (Some(url), None) if self.args.bench => {
+                broker::run_bench(url, &self.queue, ledger, Arc::new(store), self.args).await
+            }
             (Some(url), None) => {
                 broker::run_parent(
                     url,

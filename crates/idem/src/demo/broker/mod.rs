@@ -516,3 +516,141 @@ async fn apply_one<L: Ledger>(
         })
         .await
 }
+
+/// How a bench run consumes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    /// The transfer in its own transaction, no idempotency record: the
+    /// consumer without idem.
+    Baseline,
+    /// The same consumer, each message through idem's atomic mode.
+    Atomic,
+    /// Atomic mode, a fetched batch's messages run together, acked in order.
+    AtomicBatched,
+}
+
+impl Variant {
+    fn name(self) -> &'static str {
+        match self {
+            Variant::Baseline => "own transaction, no idem",
+            Variant::Atomic => "idem atomic mode",
+            Variant::AtomicBatched => "idem atomic mode, batch together",
+        }
+    }
+}
+
+/// `idem demo --broker URL --bench`: messages per second through one
+/// consumer that applies each transfer in its own transaction, without
+/// idem and with idem's atomic mode, on the demo's store. Every message is
+/// a new transfer (no duplicates: this measures the cost of the record).
+pub(crate) async fn run_bench<L: Ledger>(
+    url: &BrokerUrl,
+    queue: &str,
+    ledger: Arc<L>,
+    store: Arc<dyn Store>,
+    args: &DemoArgs,
+) -> anyhow::Result<ExitCode> {
+    match url {
+        BrokerUrl::Nats(u) => bench::<nats::Nats, L>(u, queue, ledger, store, args).await,
+        BrokerUrl::Amqp(u) => bench::<amqp::Amqp, L>(u, queue, ledger, store, args).await,
+    }
+}
+
+async fn bench<B: Broker, L: Ledger>(
+    url: &str,
+    queue: &str,
+    ledger: Arc<L>,
+    store: Arc<dyn Store>,
+    args: &DemoArgs,
+) -> anyhow::Result<ExitCode> {
+    const ACCOUNTS: usize = 16;
+    ledger
+        .seed(ACCOUNTS, 1_000_000_000)
+        .await
+        .context("cannot seed accounts")?;
+    let consumer = Consumer::new(
+        store,
+        consumer_scope(),
+        HANDLER,
+        KeySource::JsonPointer("/transfer_id".into()),
+    );
+    let n = args.intents;
+    let mut rates = Vec::new();
+    for variant in [Variant::Baseline, Variant::Atomic, Variant::AtomicBatched] {
+        let name = format!("{queue}-{variant:?}").to_ascii_lowercase();
+        let publisher = B::open(url, &name, true).await?;
+        let payloads = (0..n)
+            .map(|i| {
+                serde_json::json!({
+                    "transfer_id": format!("{name}-{i}"),
+                    "from": format!("acct-{}", i % ACCOUNTS),
+                    "to": format!("acct-{}", (i + 1) % ACCOUNTS),
+                    "amount": 1,
+                })
+                .to_string()
+                .into_bytes()
+            })
+            .collect();
+        publisher.publish_all(payloads).await?;
+        let mut broker = B::open(url, &name, false).await?;
+        let started = Instant::now();
+        let mut settled = 0;
+        while settled < n {
+            let batch = broker.next_batch(BATCH).await?;
+            match variant {
+                Variant::Baseline => {
+                    for d in &batch {
+                        let m = d.message();
+                        let req: TransferRequest =
+                            serde_json::from_slice(&m.payload).context("a bench message")?;
+                        let key = String::from_utf8_lossy(&m.payload).into_owned();
+                        ledger
+                            .transfer_unrecorded(&key, req)
+                            .await
+                            .context("baseline transfer")?;
+                        d.settle(Action::Ack).await?;
+                    }
+                }
+                Variant::Atomic => {
+                    for d in &batch {
+                        let action = match apply_one(&consumer, &*ledger, d.message()).await {
+                            Ok(p) => p.action(),
+                            Err(e) => e.action(),
+                        };
+                        d.settle(action).await?;
+                    }
+                }
+                Variant::AtomicBatched => {
+                    let outcomes = futures_util::future::join_all(
+                        batch
+                            .iter()
+                            .map(|d| apply_one(&consumer, &*ledger, d.message())),
+                    )
+                    .await;
+                    for (d, o) in batch.iter().zip(outcomes) {
+                        let action = match o {
+                            Ok(p) => p.action(),
+                            Err(e) => e.action(),
+                        };
+                        d.settle(action).await?;
+                    }
+                }
+            }
+            settled += batch.len();
+        }
+        let elapsed = started.elapsed();
+        publisher.delete().await?;
+        let rate = n as f64 / elapsed.as_secs_f64();
+        rates.push((variant, rate));
+    }
+    let baseline = rates.first().map_or(1.0, |(_, r)| *r);
+    println!("idem demo --bench: {n} messages per row, one consumer");
+    for (variant, rate) in rates {
+        println!(
+            "  {:<34} {rate:>8.0} msg/s  {:.2}x",
+            variant.name(),
+            rate / baseline
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
