@@ -13,8 +13,9 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 use idem_core::{
-    Atomic, Claim, ClaimRequest, Completion, Fence, FieldSelection, Fingerprint, Operation, Policy,
-    RecordId, Scope, Settled, Status, Store, StoreError, StoredResponse, Timestamp,
+    Atomic, Claim, ClaimRequest, ClaimedAtomically, Completion, Fence, FieldSelection, Fingerprint,
+    Operation, Policy, RecordId, Scope, Settled, Status, Store, StoreError, StoredResponse,
+    Timestamp,
 };
 
 use crate::message::{KeySource, Message, MissingKey};
@@ -25,8 +26,15 @@ pub const APPLIED: u16 = 200;
 pub const REFUSED: u16 = 422;
 
 /// The longest a message held by another consumer waits before it is
-/// delivered again ([`ConsumeError::InFlight`]).
+/// delivered again ([`ConsumeError::InFlight`], when the consumer does not
+/// wait for the holder itself: [`Consumer::wait_in_flight`]).
 pub const IN_FLIGHT_RECHECK: Duration = Duration::from_secs(1);
+
+/// How long a message whose effect failed transiently, panicked, met a
+/// store that is down or lost its lease waits before it is delivered
+/// again: never at once, so a failing message does not loop hot through
+/// the broker (and its delivery limit).
+pub const REDELIVERY_DELAY: Duration = Duration::from_secs(1);
 
 /// What to do with a delivery once it was processed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,7 +134,9 @@ impl<E> ConsumeError<E> {
             ConsumeError::Effect(_)
             | ConsumeError::Panicked
             | ConsumeError::LostLease
-            | ConsumeError::Store(_) => Action::Redeliver { after: None },
+            | ConsumeError::Store(_) => Action::Redeliver {
+                after: Some(REDELIVERY_DELAY),
+            },
         }
     }
 }
@@ -180,6 +190,7 @@ pub struct Consumer {
     operation: Operation,
     key_source: KeySource,
     policy: Policy,
+    wait_in_flight: Duration,
 }
 
 impl std::fmt::Debug for Consumer {
@@ -211,12 +222,27 @@ impl Consumer {
             operation: Operation::new("CONSUME", operation),
             key_source,
             policy: Policy::default(),
+            wait_in_flight: Policy::default().lease(),
         }
     }
 
-    /// Sets the record lifetime and lease.
+    /// How long a message whose record another consumer holds waits here
+    /// for that consumer to finish (or for its lease to end, then this one
+    /// takes over) before [`ConsumeError::InFlight`] sends it back to the
+    /// broker. Default: the lease, so a redelivery racing its own
+    /// processing is settled in process, without using up the broker's
+    /// delivery limit. Zero answers `InFlight` at once.
+    #[must_use]
+    pub fn wait_in_flight(mut self, wait: Duration) -> Consumer {
+        self.wait_in_flight = wait;
+        self
+    }
+
+    /// Sets the record lifetime and lease (and the in-flight wait to the
+    /// new lease).
     #[must_use]
     pub fn policy(mut self, policy: Policy) -> Consumer {
+        self.wait_in_flight = policy.lease();
         self.policy = policy;
         self
     }
@@ -226,41 +252,45 @@ impl Consumer {
         &self.store
     }
 
+    /// The claim request for `message`: its record and its payload's
+    /// fingerprint, under this consumer's policy.
+    fn request(&self, message: &Message) -> Result<ClaimRequest, MissingKey> {
+        let key = self.key_source.key_of(message)?;
+        Ok(ClaimRequest {
+            id: RecordId::new(self.scope.clone(), self.operation.clone(), key),
+            fingerprint: Fingerprint::compute(
+                &self.operation,
+                message.content_type.as_deref(),
+                &message.payload,
+                &FieldSelection::Whole,
+            ),
+            now: Timestamp::now(),
+            lease: self.policy.lease(),
+            ttl: self.policy.ttl(),
+        })
+    }
+
     /// The claim for `message`: `Ok(Ok(claimed))` when this consumer runs
     /// the effect, `Ok(Err(processed))` when the record is settled already.
     async fn claim(
         &self,
         message: &Message,
     ) -> Result<Result<Claimed, Processed>, ConsumeError<std::convert::Infallible>> {
-        let key = self.key_source.key_of(message)?;
-        let id = RecordId::new(self.scope.clone(), self.operation.clone(), key);
-        let fingerprint = Fingerprint::compute(
-            &self.operation,
-            message.content_type.as_deref(),
-            &message.payload,
-            &FieldSelection::Whole,
-        );
-        let request = ClaimRequest {
-            id,
-            fingerprint,
-            now: Timestamp::now(),
-            lease: self.policy.lease(),
-            ttl: self.policy.ttl(),
-        };
-        match self.store.claim(&request).await? {
-            Claim::Acquired(lease) => Ok(Ok(Claimed {
-                id: request.id,
-                fence: lease.fence,
-            })),
-            Claim::Replay(record) => {
-                let body = record.response.map(|r| r.body).unwrap_or_default();
-                Ok(Err(match record.status {
-                    Status::Failed => Processed::Refused(body),
-                    _ => Processed::Duplicate(body),
-                }))
+        let mut request = self.request(message)?;
+        let mut waiting = InFlightWait::new(self.wait_in_flight);
+        loop {
+            match self.store.claim(&request).await? {
+                Claim::Acquired(lease) => {
+                    return Ok(Ok(Claimed {
+                        id: request.id,
+                        fence: lease.fence,
+                    }));
+                }
+                Claim::InFlight { lease_until, .. } if waiting.more(lease_until).await => {
+                    request.now = Timestamp::now();
+                }
+                other => return not_acquired(other).map(Err),
             }
-            Claim::InFlight { lease_until, .. } => Err(ConsumeError::InFlight { lease_until }),
-            Claim::Mismatch { .. } => Err(ConsumeError::KeyReused),
         }
     }
 
@@ -305,11 +335,7 @@ impl Consumer {
                 return Err(ConsumeError::Panicked);
             }
         };
-        match self
-            .store
-            .complete(&claimed.id, claimed.fence, completion, Timestamp::now())
-            .await?
-        {
+        match self.complete_while_leased(&claimed, completion).await? {
             Settled::Applied => Ok(processed),
             // The lease ran out and another consumer took over: it runs
             // the effect too (plain mode cannot prevent that; atomic mode
@@ -368,6 +394,86 @@ impl Consumer {
         }
     }
 
+    /// Atomic mode in one commit: `run` claims the request and, when the
+    /// key is acquired, runs the effect and completes the record in the
+    /// same transaction, with the store's `claim_and_complete_atomically`
+    /// (PostgreSQL, SQLite) and [`applied`] (or [`refused`]) as the
+    /// completion. Half the commits of
+    /// [`process_atomically`](Self::process_atomically) for a consumer that
+    /// takes one message at a time; a duplicate arriving meanwhile waits
+    /// for the transaction and then acknowledges the stored result.
+    ///
+    /// # Errors
+    /// [`ConsumeError`]; its [`action`](ConsumeError::action) says what to
+    /// do with the delivery. A failed effect wrote nothing, the claim
+    /// included, so it is redelivered without a release.
+    pub async fn process_in_one_transaction<F, Fut, E>(
+        &self,
+        message: &Message,
+        mut run: F,
+    ) -> Result<Processed, ConsumeError<E>>
+    where
+        F: FnMut(ClaimRequest) -> Fut,
+        Fut: Future<Output = Result<ClaimedAtomically<Vec<u8>, E>, StoreError>>,
+    {
+        let mut request = self.request(message)?;
+        let mut waiting = InFlightWait::new(self.wait_in_flight);
+        let ran = loop {
+            let ran = AssertUnwindSafe(run(request.clone())).catch_unwind().await;
+            if let Ok(Ok(ClaimedAtomically::NotAcquired(Claim::InFlight { lease_until, .. }))) =
+                &ran
+                && waiting.more(*lease_until).await
+            {
+                request.now = Timestamp::now();
+                continue;
+            }
+            break ran;
+        };
+        match ran {
+            Ok(Ok(ClaimedAtomically::Ran(Atomic::Committed(result)))) => {
+                Ok(Processed::Applied(result))
+            }
+            Ok(Ok(ClaimedAtomically::Ran(Atomic::Failed(e)))) => Err(ConsumeError::Effect(e)),
+            Ok(Ok(ClaimedAtomically::Ran(Atomic::StaleFence))) => Err(ConsumeError::LostLease),
+            Ok(Ok(ClaimedAtomically::NotAcquired(claim))) => not_acquired(claim).map_err(widen),
+            Ok(Err(e)) => Err(ConsumeError::Store(e)),
+            // The transaction was dropped with the panic: nothing written.
+            Err(_panic) => Err(ConsumeError::Panicked),
+        }
+    }
+
+    /// Stores the completion of an effect that ran, retrying a store
+    /// failure while the lease lasts: until the record is completed, a
+    /// redelivery after the lease would run the effect again.
+    async fn complete_while_leased(
+        &self,
+        claimed: &Claimed,
+        completion: Completion,
+    ) -> Result<Settled, StoreError> {
+        let deadline = std::time::Instant::now() + self.policy.lease();
+        let mut pause = Duration::from_millis(50);
+        loop {
+            match self
+                .store
+                .complete(
+                    &claimed.id,
+                    claimed.fence,
+                    completion.clone(),
+                    Timestamp::now(),
+                )
+                .await
+            {
+                Ok(settled) => return Ok(settled),
+                Err(e) if std::time::Instant::now() + pause < deadline => {
+                    tracing::warn!(key = %claimed.id.key.log_id(), error = %e, "completion failed; retrying while the lease lasts");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     /// Releases a claim whose effect did not happen, so a redelivery runs
     /// it. A failed release leaves the claim to its lease.
     async fn release(&self, claimed: &Claimed) {
@@ -378,6 +484,58 @@ impl Consumer {
         {
             tracing::warn!(key = %claimed.id.key.log_id(), error = %e, "release failed; the claim stays until its lease ends");
         }
+    }
+}
+
+/// Waiting for another consumer's claim to finish, up to a limit.
+struct InFlightWait {
+    until: std::time::Instant,
+    pause: Duration,
+}
+
+impl InFlightWait {
+    fn new(limit: Duration) -> InFlightWait {
+        InFlightWait {
+            until: std::time::Instant::now() + limit,
+            pause: Duration::from_millis(20),
+        }
+    }
+
+    /// Sleeps before the next look at a record held until `lease_until`;
+    /// `false` when the wait is over (then the caller answers in flight).
+    async fn more(&mut self, lease_until: Timestamp) -> bool {
+        let now = std::time::Instant::now();
+        if now >= self.until {
+            return false;
+        }
+        // Never past the holder's lease end (then the claim takes over),
+        // nor past this wait's limit.
+        let to_lease_end =
+            lease_until.saturating_since(Timestamp::now()) + Duration::from_millis(5);
+        let nap = self.pause.min(to_lease_end).min(self.until - now);
+        tokio::time::sleep(nap).await;
+        self.pause = (self.pause * 2).min(Duration::from_millis(500));
+        true
+    }
+}
+
+/// A settled record's answer, or why there is none yet.
+fn not_acquired(claim: Claim) -> Result<Processed, ConsumeError<std::convert::Infallible>> {
+    match claim {
+        Claim::Replay(record) => {
+            let body = record.response.map(|r| r.body).unwrap_or_default();
+            Ok(match record.status {
+                Status::Failed => Processed::Refused(body),
+                _ => Processed::Duplicate(body),
+            })
+        }
+        Claim::InFlight { lease_until, .. } => Err(ConsumeError::InFlight { lease_until }),
+        Claim::Mismatch { .. } => Err(ConsumeError::KeyReused),
+        // Not a settled record: the caller's store answered out of turn.
+        Claim::Acquired(_) => Err(ConsumeError::Store(StoreError::new(
+            idem_core::StoreErrorKind::Backend,
+            "the store acquired a claim it was not asked to run",
+        ))),
     }
 }
 

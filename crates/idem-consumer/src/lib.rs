@@ -70,7 +70,7 @@ pub use batch::{BatchReport, process_batch};
 pub use broker::BrokerError;
 pub use consumer::{
     APPLIED, Action, Claimed, ConsumeError, Consumer, Failure, IN_FLIGHT_RECHECK, Processed,
-    REFUSED, applied, refused,
+    REDELIVERY_DELAY, REFUSED, applied, refused,
 };
 pub use message::{KeySource, Message, MissingKey};
 

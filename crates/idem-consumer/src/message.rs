@@ -122,6 +122,12 @@ impl KeySource {
                 first.to_owned()
             }
             KeySource::JsonPointer(pointer) => {
+                // The fingerprint's strict reading first: a payload it does
+                // not call JSON (a duplicate object key, say, which parsers
+                // read differently) has no key either.
+                if idem_core::canonicalize_json(&message.payload).is_none() {
+                    return Err(MissingKey::NotJson(pointer.clone()));
+                }
                 let value: serde_json::Value = serde_json::from_slice(&message.payload)
                     .map_err(|_| MissingKey::NotJson(pointer.clone()))?;
                 match value.pointer(pointer) {

@@ -112,12 +112,15 @@
 //!   The record answers that redelivery: an effect that committed before
 //!   the ack was lost is acknowledged as
 //!   [`Processed::Duplicate`](crate::Processed::Duplicate), not applied
-//!   again (in atomic mode). The consumer's lease
-//!   ([`Policy`](idem_core::Policy)) should be no longer than the ack wait:
-//!   a redelivery that comes while the first claim's lease runs is refused
-//!   as [`ConsumeError::InFlight`](crate::ConsumeError::InFlight) and
-//!   negatively acknowledged with a delay (the rest of the lease, at most
-//!   [`IN_FLIGHT_RECHECK`](crate::IN_FLIGHT_RECHECK)), until the lease ends.
+//!   again (in atomic mode). A redelivery that comes while another
+//!   consumer's claim runs waits in process for that consumer
+//!   ([`Consumer::wait_in_flight`](crate::Consumer::wait_in_flight), the
+//!   lease by default: then it takes over), without using up a delivery;
+//!   past that wait it is `-NAK`ed with a delay of at most
+//!   [`IN_FLIGHT_RECHECK`](crate::IN_FLIGHT_RECHECK). A failed effect or a
+//!   store that is down is `-NAK`ed with
+//!   [`REDELIVERY_DELAY`](crate::REDELIVERY_DELAY): each counts one
+//!   delivery.
 //! - **`max_deliver`**: poison messages the adapter sees do not need it
 //!   (the record rejects them, and `+TERM` stops their redelivery on the
 //!   first try). A message async-nats cannot read (above) does: with the
@@ -126,7 +129,7 @@
 //!   `max_deliver` ends it with a
 //!   `$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.<stream>.<consumer>`
 //!   advisory, but the server drops every message that reaches it,
-//!   whatever the reason (a store down for that many ack waits), and the
+//!   whatever the reason (a store down for that many redelivery delays), and the
 //!   messages that shared a pull with the unreadable one used up a
 //!   delivery too: bound it generously, pull one message at a time when
 //!   it is low, and have a process read those advisories.

@@ -60,17 +60,17 @@
 //! # How each action settles
 //!
 //! - [`Action::Ack`]: `basic.ack` of this delivery alone.
-//! - [`Action::Redeliver`]: `basic.nack` with `requeue = true`. The message
-//!   goes back to its queue at once, with `redelivered` set, and the broker
-//!   may hand it straight back to this consumer or to another. `after` is
-//!   not used: AMQP 0-9-1 has no per-message delay. What bounds how fast a
-//!   message cycles (a claim another consumer holds, a store that is down)
-//!   is the channel's prefetch: a consumer holds at most that many
-//!   unacknowledged deliveries, so it takes no new ones while it works on
-//!   them. A caller that wants the pause can wait `after` before calling
-//!   [`settle`] (the delivery keeps its prefetch slot meanwhile), or route
-//!   the message through a retry queue whose message TTL dead-letters it
-//!   back.
+//! - [`Action::Redeliver`]: after `after` (AMQP 0-9-1 has no per-message
+//!   delay, so `settle` holds the delivery that long, keeping its prefetch
+//!   slot), `basic.nack` with `requeue = true`: the message goes back to
+//!   its queue with `redelivered` set, and the broker may hand it to this
+//!   consumer or another. So a failing message comes back at most once a
+//!   [`REDELIVERY_DELAY`](crate::REDELIVERY_DELAY), not in a hot loop; a
+//!   message another consumer holds is waited for in process first
+//!   ([`Consumer::wait_in_flight`](crate::Consumer::wait_in_flight)). Each
+//!   requeue counts against a quorum queue's `x-delivery-limit`: size it
+//!   for the retries you want, or route failures through a retry queue
+//!   whose message TTL dead-letters them back.
 //! - [`Action::Reject`]: `basic.reject` with `requeue = false`. The broker
 //!   drops the message, or moves it to the queue's dead-letter exchange
 //!   when the queue has one (`x-dead-letter-exchange`): it is never
@@ -143,8 +143,8 @@ pub fn message(delivery: &Delivery) -> Message {
 }
 
 /// Settles `delivery` as `action` says: [`Action::Ack`] acknowledges it,
-/// [`Action::Redeliver`] requeues it at once (`basic.nack`, `requeue =
-/// true`; `after` is not used, see the module docs), [`Action::Reject`]
+/// [`Action::Redeliver`] requeues it after `after` (`basic.nack`, `requeue =
+/// true`; the delivery is held meanwhile, see the module docs), [`Action::Reject`]
 /// drops it or dead-letters it (`basic.reject`, `requeue = false`).
 ///
 /// # Errors
@@ -156,15 +156,23 @@ pub async fn settle(delivery: &Delivery, action: Action) -> Result<(), BrokerErr
     let acker = &delivery.acker;
     let (what, settled) = match action {
         Action::Ack => ("basic.ack", acker.ack(BasicAckOptions::default()).await),
-        Action::Redeliver { after: _ } => (
-            "basic.nack",
-            acker
-                .nack(BasicNackOptions {
-                    multiple: false,
-                    requeue: true,
-                })
-                .await,
-        ),
+        Action::Redeliver { after } => {
+            // AMQP 0-9-1 has no per-message delay: the delivery is held
+            // (keeping its prefetch slot) for `after`, so a failing message
+            // does not cycle hot through the queue and its delivery limit.
+            if let Some(after) = after {
+                tokio::time::sleep(after).await;
+            }
+            (
+                "basic.nack",
+                acker
+                    .nack(BasicNackOptions {
+                        multiple: false,
+                        requeue: true,
+                    })
+                    .await,
+            )
+        }
         Action::Reject => (
             "basic.reject",
             acker.reject(BasicRejectOptions { requeue: false }).await,

@@ -84,8 +84,8 @@ pub use record::{Fence, HeaderDecodeError, Record, Status, StoredResponse};
 pub use recovery::{Reconcile, ReconcileReport, ReleaseAll, Resolution, reconcile_once};
 pub use scope::{Operation, RecordId, Scope};
 pub use store::{
-    Atomic, BoxFuture, Claim, ClaimRequest, Completion, Lease, Settled, StaleCursor, Store,
-    StoreError, StoreErrorKind,
+    Atomic, BoxFuture, Claim, ClaimRequest, ClaimedAtomically, Completion, Lease, Settled,
+    StaleCursor, Store, StoreError, StoreErrorKind,
 };
 pub use time::Timestamp;
 

@@ -179,6 +179,32 @@ impl<T, E> Atomic<T, E> {
     }
 }
 
+/// What a claim made inside the mutation's own transaction led to (SQL
+/// stores' `claim_and_complete_atomically`): the claim, the business
+/// mutation and the record's completion commit together or not at all, in
+/// one commit instead of two.
+#[derive(Debug)]
+#[must_use]
+pub enum ClaimedAtomically<T, E> {
+    /// The key was not acquired (a replay, a record in flight, a
+    /// mismatch): the mutation did not run and nothing was written.
+    NotAcquired(Claim),
+    /// The key was acquired and the mutation ran: what the transaction
+    /// did. On [`Atomic::Failed`] and [`Atomic::StaleFence`] nothing was
+    /// written, the claim included (there is nothing to release).
+    Ran(Atomic<T, E>),
+}
+
+impl<T, E> ClaimedAtomically<T, E> {
+    /// The same outcome with the mutation's error mapped by `f`.
+    pub fn map_failed<F>(self, f: impl FnOnce(E) -> F) -> ClaimedAtomically<T, F> {
+        match self {
+            ClaimedAtomically::NotAcquired(claim) => ClaimedAtomically::NotAcquired(claim),
+            ClaimedAtomically::Ran(atomic) => ClaimedAtomically::Ran(atomic.map_failed(f)),
+        }
+    }
+}
+
 /// Where a page of [`Store::list_stale`] ended: the next page starts after
 /// this record. Stores order stale records by `lease_until`, then by id.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -26,7 +26,10 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
-use idem_core::{Atomic, Completion, Fence, RecordId, StoreError, StoredResponse};
+use idem_core::{
+    Atomic, ClaimRequest, ClaimedAtomically, Completion, Fence, RecordId, StoreError,
+    StoredResponse,
+};
 use idem_http::{IdempotencyContext, IdempotencyLayer, Problem, RouteRule, stored_to_response};
 use serde::{Deserialize, Serialize};
 
@@ -52,6 +55,15 @@ pub struct TransferRequest {
     pub to: String,
     /// Amount in cents; positive.
     pub amount: i64,
+}
+
+impl TransferRequest {
+    /// Why the ledger refuses this transfer whatever the balances, if it
+    /// does: checked by every path that reaches the ledger (HTTP, messages).
+    pub fn invalid(&self) -> Option<&'static str> {
+        (self.amount <= 0 || self.from == self.to)
+            .then_some("amount must be positive and accounts distinct")
+    }
 }
 
 /// A committed transfer.
@@ -105,6 +117,14 @@ pub trait Ledger: Send + Sync + 'static {
         fence: Fence,
         req: TransferRequest,
     ) -> impl Future<Output = Result<Outcome, LedgerError>> + Send;
+    /// Claims `req` and, when the key is acquired, runs the transfer and
+    /// completes the record, all in one transaction (one commit); answers
+    /// the stored response's body on a commit.
+    fn transfer_claiming(
+        &self,
+        req: &ClaimRequest,
+        transfer: TransferRequest,
+    ) -> impl Future<Output = Result<ClaimedAtomically<Vec<u8>, LedgerError>, StoreError>> + Send;
     /// The same transfer in a transaction of its own, with no idempotency
     /// record: what a consumer without idem does (the baseline of
     /// `bench/consumer.sh`). Returns whether it moved money.
@@ -145,6 +165,20 @@ pub(crate) fn committed(t: &Transfer) -> Completion {
         format!("/transfers/{}", t.id).into_bytes(),
     ));
     Completion::completed(r).with_resource_id(t.id.to_string())
+}
+
+/// The record of a transfer refused whatever the balances (a message that
+/// skipped the HTTP check): deterministic, replayed.
+pub(crate) fn refused_invalid(why: &str) -> Completion {
+    Completion::failed(
+        Problem::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "urn:idem-ledger:problem:invalid-transfer",
+            "Invalid transfer",
+            why,
+        )
+        .to_stored(),
+    )
 }
 
 /// The response and record of a refusal for funds: deterministic, replayed.
@@ -188,12 +222,8 @@ async fn transfer<L: Ledger>(
             "expected {\"from\", \"to\", \"amount\"}",
         );
     };
-    if req.amount <= 0 || req.from == req.to {
-        return problem(
-            StatusCode::BAD_REQUEST,
-            "Invalid transfer",
-            "amount must be positive and accounts distinct",
-        );
+    if let Some(why) = req.invalid() {
+        return problem(StatusCode::BAD_REQUEST, "Invalid transfer", why);
     }
     match ledger.transfer(ctx.id(), ctx.fence(), req).await {
         Ok(Outcome::Done(stored)) => {

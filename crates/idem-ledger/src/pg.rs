@@ -2,11 +2,12 @@
 //! transaction, which holds the record's row lock.
 
 use idem_core::Completion;
-use idem_core::{Fence, RecordId};
+use idem_core::{ClaimRequest, ClaimedAtomically, Fence, RecordId, StoreError};
 use idem_postgres::{PgError, PostgresStore, Transaction};
 
 use crate::{
     Ledger, LedgerError, Outcome, Transfer, TransferRequest, committed, insufficient, outcome,
+    refused_invalid,
 };
 
 /// The ledger in the store's PostgreSQL schema.
@@ -64,6 +65,9 @@ async fn apply(
     key: &str,
     req: &TransferRequest,
 ) -> Result<Completion, PgError> {
+    if let Some(why) = req.invalid() {
+        return Ok(refused_invalid(why));
+    }
     // Lock both accounts in a fixed order, so concurrent transfers between
     // the same pair cannot deadlock.
     let rows = tx
@@ -142,6 +146,25 @@ impl Ledger for PostgresLedger {
             })
             .await?;
         Ok(outcome(done)?)
+    }
+
+    async fn transfer_claiming(
+        &self,
+        req: &ClaimRequest,
+        transfer: TransferRequest,
+    ) -> Result<ClaimedAtomically<Vec<u8>, LedgerError>, StoreError> {
+        let key = req.id.key.as_str().to_owned();
+        let s = self.store.schema().to_owned();
+        let out = self
+            .store
+            .claim_and_complete_atomically(req, move |tx, _fence| {
+                Box::pin(async move {
+                    let completion = apply(tx, &s, &key, &transfer).await?;
+                    Ok::<_, PgError>((completion.response.body.clone(), completion))
+                })
+            })
+            .await?;
+        Ok(out.map_failed(LedgerError::from))
     }
 
     async fn transfer_unrecorded(

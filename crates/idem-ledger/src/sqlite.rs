@@ -5,12 +5,13 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use idem_core::Completion;
-use idem_core::{Fence, RecordId};
+use idem_core::{ClaimRequest, ClaimedAtomically, Fence, RecordId, StoreError};
 use idem_sqlite::SqliteStore;
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::{
     Ledger, LedgerError, Outcome, Transfer, TransferRequest, committed, insufficient, outcome,
+    refused_invalid,
 };
 
 const SCHEMA: &str = "
@@ -80,6 +81,9 @@ impl SqliteLedger {
 
 /// The transfer itself, on the writer's connection.
 fn apply(conn: &Connection, key: &str, req: &TransferRequest) -> rusqlite::Result<Completion> {
+    if let Some(why) = req.invalid() {
+        return Ok(refused_invalid(why));
+    }
     let balance: Option<i64> = conn
         .query_row(
             "SELECT balance FROM accounts WHERE id = ?1",
@@ -158,6 +162,22 @@ impl Ledger for SqliteLedger {
             })
             .await?;
         Ok(outcome(done)?)
+    }
+
+    async fn transfer_claiming(
+        &self,
+        req: &ClaimRequest,
+        transfer: TransferRequest,
+    ) -> Result<ClaimedAtomically<Vec<u8>, LedgerError>, StoreError> {
+        let key = req.id.key.as_str().to_owned();
+        let out = self
+            .store
+            .claim_and_complete_atomically(req, move |conn, _fence| {
+                let completion = apply(conn, &key, &transfer)?;
+                Ok::<_, rusqlite::Error>((completion.response.body.clone(), completion))
+            })
+            .await?;
+        Ok(out.map_failed(LedgerError::from))
     }
 
     async fn transfer_unrecorded(

@@ -9,7 +9,10 @@
 //! serves anything else), so a caller that gets an error never has its
 //! mutation committed.
 
-use idem_core::{Atomic, BoxFuture, Completion, Fence, RecordId, Settled, StoreError};
+use idem_core::{
+    Atomic, BoxFuture, Claim, ClaimRequest, ClaimedAtomically, Completion, Fence, RecordId,
+    Settled, StoreError,
+};
 
 use crate::error::{pg_error, pool_error};
 use crate::{PostgresStore, Transaction, complete_with};
@@ -89,5 +92,85 @@ impl PostgresStore {
             .await
             .map_err(|e| pg_error("committing an atomic transaction", e))?;
         Ok(Atomic::Committed(value))
+    }
+
+    /// Claims `req` inside a transaction and, when the key is acquired,
+    /// runs `mutation` and stores the returned [`Completion`] in the same
+    /// transaction: one commit for the claim, the mutation and the
+    /// completion, instead of a claim's commit and then
+    /// [`complete_atomically`](Self::complete_atomically)'s.
+    ///
+    /// A concurrent claim of the same key (from this method or
+    /// [`Store::claim`](idem_core::Store::claim)) waits on the record's row
+    /// until this transaction ends, then sees the completed record (or, if
+    /// this one rolled back, claims it itself): a key never runs twice, and
+    /// nothing of a rolled-back attempt is visible. While the mutation runs
+    /// the row is locked, so keep it short (the statement timeout bounds
+    /// the wait of a duplicate).
+    ///
+    /// # Errors
+    /// As [`complete_atomically`](Self::complete_atomically); a failure at
+    /// commit leaves the outcome unknown, and a retry finds out which.
+    pub async fn claim_and_complete_atomically<T, E, F>(
+        &self,
+        req: &ClaimRequest,
+        mutation: F,
+    ) -> Result<ClaimedAtomically<T, E>, StoreError>
+    where
+        F: for<'t> FnOnce(&'t Transaction<'t>, Fence) -> BoxFuture<'t, Result<(T, Completion), E>>,
+    {
+        let mut client = self.inner.pool.get().await.map_err(pool_error)?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(|e| pg_error("beginning an atomic transaction", e))?;
+        let claim_stmt = tx
+            .prepare_cached(&self.inner.sql.claim)
+            .await
+            .map_err(|e| pg_error("preparing claim", e))?;
+        let row = tx
+            .query_one(
+                &claim_stmt,
+                &[
+                    &req.id.scope.as_str(),
+                    &req.id.operation.as_str(),
+                    &req.id.key.as_str(),
+                    &req.fingerprint.as_bytes(),
+                    &req.now.as_millis(),
+                    &crate::row::millis(req.lease),
+                    &crate::row::millis(req.ttl),
+                ],
+            )
+            .await
+            .map_err(|e| pg_error("claiming", e))?;
+        let lease = match crate::row::claim_from_row(req, &row)? {
+            Claim::Acquired(lease) => lease,
+            other => {
+                let _ = tx.rollback().await;
+                return Ok(ClaimedAtomically::NotAcquired(other));
+            }
+        };
+        let Some(fence) = lease.fence.to_i64() else {
+            let _ = tx.rollback().await;
+            return Ok(ClaimedAtomically::Ran(Atomic::StaleFence));
+        };
+        let (value, completion) = match mutation(&tx, lease.fence).await {
+            Ok(done) => done,
+            Err(e) => {
+                let _ = tx.rollback().await;
+                return Ok(ClaimedAtomically::Ran(Atomic::Failed(e)));
+            }
+        };
+        match complete_with(&tx, &self.inner.sql.complete, &req.id, fence, &completion).await? {
+            Settled::Applied => {}
+            Settled::StaleFence => {
+                let _ = tx.rollback().await;
+                return Ok(ClaimedAtomically::Ran(Atomic::StaleFence));
+            }
+        }
+        tx.commit()
+            .await
+            .map_err(|e| pg_error("committing an atomic transaction", e))?;
+        Ok(ClaimedAtomically::Ran(Atomic::Committed(value)))
     }
 }

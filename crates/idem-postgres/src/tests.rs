@@ -235,6 +235,53 @@ mod atomic_mode {
 
     idem_testkit::atomic_conformance_tests!(PostgresHarness);
 
+    /// The claim, the mutation and the completion in one commit, with the
+    /// attempts spread over two pools (as two instances).
+    #[test]
+    fn one_commit_claims_run_once() {
+        idem_testkit::runtime().block_on(async {
+            let Some(h) = PostgresHarness::prepare().await else {
+                return;
+            };
+            let pools = [h.connect().await, h.admin.clone()];
+            let next = std::sync::atomic::AtomicUsize::new(0);
+            let schema = h.admin.schema().to_owned();
+            let run: idem_testkit::atomic::OneCommitRun<'_> = Box::new(move |req, fail| {
+                let store = pools[next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 2].clone();
+                let schema = schema.clone();
+                Box::pin(async move {
+                    let key = req.id.key.as_str().to_owned();
+                    let out = store
+                        .claim_and_complete_atomically(&req, move |tx, _fence| {
+                            Box::pin(async move {
+                                tx.execute(
+                                    &format!("INSERT INTO {schema}.transfers (idem_key, amount) VALUES ($1, 1)"),
+                                    &[&key],
+                                )
+                                .await?;
+                                if fail {
+                                    tx.execute("SELECT * FROM no_such_table", &[]).await?;
+                                }
+                                Ok::<_, PgError>(((), Completion::completed(response(201, "one"))))
+                            })
+                        })
+                        .await?;
+                    Ok(out.map_failed(|e| e.to_string()))
+                })
+            });
+            idem_testkit::atomic::one_commit_claims_run_once(
+                &h.admin,
+                |key| {
+                    let h = &h;
+                    Box::pin(async move { h.rows(&key).await })
+                },
+                run,
+                32,
+            )
+            .await;
+        });
+    }
+
     /// The crash child's server and schema.
     const URL_VAR: &str = "IDEM_CRASH_URL";
     const SCHEMA_VAR: &str = "IDEM_CRASH_SCHEMA";

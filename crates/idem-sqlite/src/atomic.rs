@@ -15,13 +15,16 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use idem_core::{Atomic, Completion, Fence, RecordId, Settled, StoreError, StoreErrorKind};
+use idem_core::{
+    Atomic, Claim, ClaimRequest, ClaimedAtomically, Completion, Fence, RecordId, Settled,
+    StoreError, StoreErrorKind,
+};
 use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::oneshot;
 
 use crate::SqliteStore;
 use crate::error::sqlite_error;
-use crate::writer::{AtomicJob, Job, complete_in};
+use crate::writer::{AtomicJob, ClaimedJob, Finish, Job, complete_in};
 
 type Answer<T, E> = oneshot::Sender<Result<Atomic<T, E>, StoreError>>;
 
@@ -48,6 +51,47 @@ where
         let result = run_in_savepoint(conn, &id, fence, mutation);
         Box::new(move |batch| {
             let _ = answer.send(batch.and(result));
+        })
+    }
+
+    fn refuse(self: Box<Self>, e: StoreError) {
+        let _ = self.answer.send(Err(e));
+    }
+}
+
+type ClaimAnswer<T, E> = oneshot::Sender<Result<ClaimedAtomically<T, E>, StoreError>>;
+
+/// A claim's work for [`SqliteStore::claim_and_complete_atomically`].
+struct ClaimTask<T, E, F> {
+    id: RecordId,
+    mutation: F,
+    answer: ClaimAnswer<T, E>,
+}
+
+impl<T, E, F> ClaimedJob for ClaimTask<T, E, F>
+where
+    T: Send + 'static,
+    E: Send + 'static,
+    F: FnOnce(&Connection, Fence) -> Result<(T, Completion), E> + Send + 'static,
+{
+    fn run(self: Box<Self>, conn: &Connection, fence: Fence) -> (bool, Finish) {
+        let ClaimTask {
+            id,
+            mutation,
+            answer,
+        } = *self;
+        let result = run_in_savepoint(conn, &id, fence, |c| mutation(c, fence));
+        let kept = matches!(result, Ok(Atomic::Committed(_)));
+        let finish: Finish = Box::new(move |batch| {
+            let _ = answer.send(batch.and(result.map(ClaimedAtomically::Ran)));
+        });
+        (kept, finish)
+    }
+
+    fn not_acquired(self: Box<Self>, claim: Claim) -> Finish {
+        let answer = self.answer;
+        Box::new(move |batch| {
+            let _ = answer.send(batch.map(|()| ClaimedAtomically::NotAcquired(claim)));
         })
     }
 
@@ -208,6 +252,41 @@ impl SqliteStore {
                 mutation,
                 answer,
             }))
+        })
+        .await
+    }
+
+    /// Claims `req` and, when the key is acquired, runs `mutation` (given
+    /// the claim's fence) and stores the returned [`Completion`], all in
+    /// the writer's transaction under one savepoint: one commit for the
+    /// claim, the mutation and the completion, instead of a claim's and
+    /// then [`complete_atomically`](Self::complete_atomically)'s. An
+    /// attempt that does not commit (the mutation failed or panicked)
+    /// leaves nothing, the claim included: there is nothing to release.
+    ///
+    /// # Errors
+    /// As [`complete_atomically`](Self::complete_atomically).
+    pub async fn claim_and_complete_atomically<T, E, F>(
+        &self,
+        req: &ClaimRequest,
+        mutation: F,
+    ) -> Result<ClaimedAtomically<T, E>, StoreError>
+    where
+        T: Send + 'static,
+        E: Send + 'static,
+        F: FnOnce(&Connection, Fence) -> Result<(T, Completion), E> + Send + 'static,
+    {
+        let req = req.clone();
+        let id = req.id.clone();
+        self.submit(move |answer| {
+            Job::ClaimAtomic(
+                req,
+                Box::new(ClaimTask {
+                    id,
+                    mutation,
+                    answer,
+                }),
+            )
         })
         .await
     }

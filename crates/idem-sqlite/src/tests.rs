@@ -199,6 +199,47 @@ mod atomic_mode {
 
     idem_testkit::atomic_conformance_tests!(SqliteHarness);
 
+    /// The claim, the mutation and the completion in one commit.
+    #[test]
+    fn one_commit_claims_run_once() {
+        idem_testkit::runtime().block_on(async {
+            let h = SqliteHarness::prepare().await.unwrap();
+            let store = h.connect().await;
+            let run: idem_testkit::atomic::OneCommitRun<'_> = Box::new(|req, fail| {
+                let store = store.clone();
+                Box::pin(async move {
+                    let key = req.id.key.as_str().to_owned();
+                    let out = store
+                        .claim_and_complete_atomically(&req, move |conn, _fence| {
+                            conn.execute(
+                                "INSERT INTO transfers (idem_key, amount) VALUES (?1, 1)",
+                                [&key],
+                            )?;
+                            if fail {
+                                conn.execute("INSERT INTO no_such_table VALUES (1)", [])?;
+                            }
+                            Ok::<_, rusqlite::Error>((
+                                (),
+                                Completion::completed(response(201, "one")),
+                            ))
+                        })
+                        .await?;
+                    Ok(out.map_failed(|e| e.to_string()))
+                })
+            });
+            idem_testkit::atomic::one_commit_claims_run_once(
+                &store,
+                |key| {
+                    let h = &h;
+                    Box::pin(async move { h.rows(&key).await })
+                },
+                run,
+                32,
+            )
+            .await;
+        });
+    }
+
     /// The crash child's store file.
     const PATH_VAR: &str = "IDEM_CRASH_PATH";
 

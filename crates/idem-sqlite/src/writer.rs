@@ -42,6 +42,23 @@ pub(crate) enum Job {
     Purge(Timestamp, usize, oneshot::Sender<Result<usize, StoreError>>),
     /// Caller code to run inside the batch's transaction (atomic mode).
     Atomic(Box<dyn AtomicJob>),
+    /// A claim and, when it acquires, caller code, under one savepoint:
+    /// kept together or not at all (atomic mode in one commit).
+    ClaimAtomic(ClaimRequest, Box<dyn ClaimedJob>),
+}
+
+/// The answer of an atomic-mode job, sent once the batch's outcome is known.
+pub(crate) type Finish = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
+
+/// Caller code that runs once its claim acquired the key.
+pub(crate) trait ClaimedJob: Send {
+    /// Runs with the key acquired under `fence`; returns whether its work
+    /// (and so the claim) is kept, and its answer.
+    fn run(self: Box<Self>, conn: &Connection, fence: Fence) -> (bool, Finish);
+    /// The claim did not acquire: answers with it, nothing ran.
+    fn not_acquired(self: Box<Self>, claim: Claim) -> Finish;
+    /// Answers without running: the batch failed before reaching the job.
+    fn refuse(self: Box<Self>, e: StoreError);
 }
 
 /// A unit of atomic-mode work for the writer.
@@ -202,6 +219,10 @@ impl Writer {
                 job.refuse(e());
                 Reply::None
             }
+            Job::ClaimAtomic(_, job) => {
+                job.refuse(e());
+                Reply::None
+            }
         }
     }
 
@@ -230,7 +251,39 @@ impl Writer {
                 Reply::Count(tx, r)
             }
             Job::Atomic(job) => Reply::Atomic(job.run(&self.conn)),
+            Job::ClaimAtomic(req, job) => self.claim_atomic(&req, job),
         }
+    }
+
+    /// The claim and the caller's work under one savepoint: a claim whose
+    /// work is not kept (it failed, panicked, met a stale fence) is rolled
+    /// back with it, so nothing of the attempt commits.
+    fn claim_atomic(&mut self, req: &ClaimRequest, job: Box<dyn ClaimedJob>) -> Reply {
+        if let Err(e) = self.conn.execute_batch("SAVEPOINT idem_claimed") {
+            job.refuse(sqlite_error("atomic mode", e));
+            return Reply::None;
+        }
+        let (kept, finish) = match self.claim(req) {
+            Ok(Claim::Acquired(lease)) => job.run(&self.conn, lease.fence),
+            Ok(other) => (false, job.not_acquired(other)),
+            Err(e) => {
+                job.refuse(sqlite_error("claiming", e));
+                (false, Box::new(|_| {}) as Finish)
+            }
+        };
+        // The job may have ended the whole transaction (an error SQLite
+        // rolls back on its own): the batch sees that and fails.
+        if !self.conn.is_autocommit() {
+            let end = if kept {
+                "RELEASE idem_claimed"
+            } else {
+                "ROLLBACK TO idem_claimed; RELEASE idem_claimed"
+            };
+            if self.conn.execute_batch(end).is_err() && !self.conn.is_autocommit() {
+                let _ = self.conn.execute_batch("ROLLBACK");
+            }
+        }
+        Reply::Atomic(finish)
     }
 
     fn claim(&mut self, req: &ClaimRequest) -> rusqlite::Result<Claim> {

@@ -414,6 +414,88 @@ fn crash_test<H: AtomicHarness>(child: &str, point: CrashPoint) {
     });
 }
 
+/// One attempt of a store's `claim_and_complete_atomically`: claims `req`
+/// and, when acquired, inserts a `transfers` row for the key and completes
+/// with `response(201, "one")`, or fails the mutation after the insert
+/// when `fail` is set. Answers what the store answered.
+pub type OneCommitRun<'a> = Box<
+    dyn Fn(
+            idem_core::ClaimRequest,
+            bool,
+        ) -> Pin<
+            Box<
+                dyn Future<Output = Result<idem_core::ClaimedAtomically<(), String>, StoreError>>
+                    + Send
+                    + 'a,
+            >,
+        > + Send
+        + Sync
+        + 'a,
+>;
+
+/// The claim, the mutation and the completion in one commit: a new key
+/// commits all three; a retry is a replay without running the mutation; a
+/// failed mutation leaves nothing, the claim included (the next attempt
+/// acquires, never "in flight"); another payload is a mismatch; `tasks`
+/// attempts at once run the mutation once, the others replay.
+pub async fn one_commit_claims_run_once<'r, S: Store + ?Sized>(
+    store: &S,
+    rows: impl Fn(String) -> Pin<Box<dyn Future<Output = i64> + Send + 'r>>,
+    run: OneCommitRun<'_>,
+    tasks: usize,
+) {
+    use idem_core::ClaimedAtomically::{NotAcquired, Ran};
+    let id = unique_id("one-commit-00001");
+    let key = id.key.as_str().to_owned();
+
+    // A failed mutation: nothing of it, the claim included.
+    let failed = run(request(&id, "{}", t0()), true).await.expect("store");
+    assert!(matches!(failed, Ran(Atomic::Failed(_))), "{failed:?}");
+    assert_eq!(rows(key.clone()).await, 0, "the failed mutation's row");
+    assert!(
+        store.get(&id, t0()).await.expect("get").is_none(),
+        "no claim left behind"
+    );
+
+    // Then it commits, once.
+    let done = run(request(&id, "{}", t0()), false).await.expect("store");
+    assert!(matches!(done, Ran(Atomic::Committed(()))), "{done:?}");
+    assert_eq!(rows(key.clone()).await, 1);
+    let record = store.get(&id, t0()).await.expect("get").expect("a record");
+    assert_eq!(record.status, Status::Completed);
+
+    // A retry replays; another payload is a mismatch; neither runs.
+    let again = run(request(&id, "{}", t0()), false).await.expect("store");
+    assert!(matches!(again, NotAcquired(Claim::Replay(_))), "{again:?}");
+    let other = run(request(&id, r#"{"other":1}"#, t0()), false)
+        .await
+        .expect("store");
+    assert!(
+        matches!(other, NotAcquired(Claim::Mismatch { .. })),
+        "{other:?}"
+    );
+    assert_eq!(rows(key.clone()).await, 1);
+
+    // Many at once: one runs, the others wait for it and replay.
+    let id = unique_id("one-commit-00002");
+    let key = id.key.as_str().to_owned();
+    let attempts = (0..tasks).map(|_| run(request(&id, "{}", t0()), false));
+    let outcomes = futures_util::future::join_all(attempts).await;
+    let committed = outcomes
+        .iter()
+        .filter(|o| matches!(o, Ok(Ran(Atomic::Committed(())))))
+        .count();
+    assert_eq!(committed, 1, "{outcomes:?}");
+    assert!(
+        outcomes.iter().all(|o| matches!(
+            o,
+            Ok(Ran(Atomic::Committed(())) | NotAcquired(Claim::Replay(_) | Claim::InFlight { .. }))
+        )),
+        "{outcomes:?}"
+    );
+    assert_eq!(rows(key.clone()).await, 1, "one row for the key");
+}
+
 #[cfg(test)]
 mod tests {
     use super::test_path;

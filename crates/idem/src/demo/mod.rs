@@ -97,10 +97,14 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
                 .await
                 .context("cannot create the demo ledger")?;
             let code = mode.dispatch(Arc::new(ledger), store.clone(), conn.clone()).await;
-            store
-                .drop_schema()
-                .await
-                .context("cannot drop the demo schema")?;
+            // Only the process that made the schema drops it: a consumer
+            // child shares its parent's.
+            if args.consumer.is_none() {
+                store
+                    .drop_schema()
+                    .await
+                    .context("cannot drop the demo schema")?;
+            }
             code
         }
         Some(other) => Err(anyhow::anyhow!(

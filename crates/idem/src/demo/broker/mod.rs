@@ -9,7 +9,8 @@
 //! --consumer QUEUE`, hidden) one after another. Each child but the last
 //! is told where to stop and wait: just after an effect committed and
 //! before its acknowledgement, or in the middle of a batch whose effects
-//! all committed and half of whose acknowledgements were sent. The parent
+//! all committed and half of whose acknowledgements were sent, in either
+//! atomic mode (claim then transfer: two commits; or all in one). The parent
 //! kills it there with SIGKILL and starts the next, so every kill leaves
 //! effects the broker will redeliver. Then the checks: every intent
 //! settled (applied, or refused for funds) exactly once, money conserved, nothing left unacknowledged on the broker.
@@ -105,23 +106,39 @@ enum Pause {
 }
 
 impl Pause {
-    fn parse(text: &str) -> Option<Pause> {
-        let (kind, n) = text.split_once(':')?;
+    /// `before-ack:N` or `mid-batch:N`, then `:one` or `:two` for the
+    /// child's atomic mode.
+    fn parse(text: &str) -> Option<(Pause, Commits)> {
+        let mut parts = text.split(':');
+        let (kind, n, commits) = (parts.next()?, parts.next()?, parts.next()?);
         let n = n.parse().ok()?;
-        match kind {
-            "before-ack" => Some(Pause::BeforeAck(n)),
-            "mid-batch" => Some(Pause::MidBatch(n)),
-            _ => None,
-        }
+        let pause = match kind {
+            "before-ack" => Pause::BeforeAck(n),
+            "mid-batch" => Pause::MidBatch(n),
+            _ => return None,
+        };
+        let commits = match commits {
+            "one" => Commits::One,
+            "two" => Commits::Two,
+            _ => return None,
+        };
+        Some((pause, commits))
     }
 
-    fn arg(self) -> String {
+    fn arg(self, commits: Commits) -> String {
+        let commits = match commits {
+            Commits::One => "one",
+            Commits::Two => "two",
+        };
         match self {
-            Pause::BeforeAck(n) => format!("before-ack:{n}"),
-            Pause::MidBatch(n) => format!("mid-batch:{n}"),
+            Pause::BeforeAck(n) => format!("before-ack:{n}:{commits}"),
+            Pause::MidBatch(n) => format!("mid-batch:{n}:{commits}"),
         }
     }
 }
+
+/// How long the parent waits for a child to reach its pause.
+const PAUSE_WAIT: Duration = Duration::from_secs(120);
 
 /// The line a paused child prints.
 const PAUSED: &str = "IDEM-DEMO-CONSUMER-PAUSED";
@@ -175,18 +192,22 @@ pub(crate) async fn run_child<L: Ledger>(
     ledger: Arc<L>,
     store: Arc<dyn Store>,
 ) -> anyhow::Result<ExitCode> {
-    let pause = match pause {
-        Some(p) => Some(Pause::parse(p).context("--consumer-pause")?),
-        None => None,
+    let (pause, commits) = match pause {
+        Some(p) => {
+            let (pause, commits) = Pause::parse(p).context("--consumer-pause")?;
+            (Some(pause), commits)
+        }
+        // The last consumer, which runs to the end.
+        None => (None, Commits::One),
     };
     match url {
         BrokerUrl::Nats(u) => {
             let broker = nats::Nats::open(u, queue, false).await?;
-            child(broker, pause, ledger, store).await
+            child(broker, pause, commits, ledger, store).await
         }
         BrokerUrl::Amqp(u) => {
             let broker = amqp::Amqp::open(u, queue, false).await?;
-            child(broker, pause, ledger, store).await
+            child(broker, pause, commits, ledger, store).await
         }
     }
 }
@@ -205,7 +226,16 @@ async fn parent<B: Broker, L: Ledger>(
         .await
         .context("cannot seed accounts")?;
     let initial = ledger.total().await.context("cannot read the total")?;
-    let plans = super::plans(args, accounts);
+    // Transfer ids of this run only: a store or ledger reused from an
+    // earlier run must not answer for this one.
+    let mut plans = super::plans(args, accounts);
+    for plan in &mut plans {
+        plan.key = format!("{queue}.{}", plan.key);
+    }
+    let transfers_before = ledger
+        .transfer_count()
+        .await
+        .context("cannot count transfers")?;
     let broker = B::open(url, queue, true).await?;
     let started = Instant::now();
 
@@ -243,21 +273,32 @@ async fn parent<B: Broker, L: Ledger>(
     let step = (plans.len() as u64 / (u64::from(kills) + 1)).max(1);
     let mut killed = 0u32;
     for k in 0..kills {
+        // Each pause with each atomic mode: one commit for kills 0, 1, 4,
+        // two commits for kills 2, 3.
         let pause = if k % 2 == 0 {
             Pause::BeforeAck(step)
         } else {
             Pause::MidBatch(step)
         };
-        let mut child = spawn_child(url, queue, store_arg, Some(pause))?;
+        let commits = if (k / 2) % 2 == 0 {
+            Commits::One
+        } else {
+            Commits::Two
+        };
+        let mut child = spawn_child(url, queue, store_arg, Some((pause, commits)))?;
         let stdout = child.stdout.take().context("the child's output")?;
-        let paused = tokio::task::spawn_blocking(move || {
+        let reading = tokio::task::spawn_blocking(move || {
             BufReader::new(stdout)
                 .lines()
                 .map_while(Result::ok)
                 .any(|l| l.contains(PAUSED))
-        })
-        .await
-        .context("waiting for the child")?;
+        });
+        // A child that never reaches its pause (nothing left to apply) is
+        // killed all the same, and the run fails below.
+        let paused = matches!(
+            tokio::time::timeout(PAUSE_WAIT, reading).await,
+            Ok(Ok(true))
+        );
         // SIGKILL: no destructor, no flush, no ack.
         child.kill().context("cannot kill the consumer")?;
         let _ = child.wait();
@@ -306,6 +347,16 @@ async fn parent<B: Broker, L: Ledger>(
             problems.push(format!("{} applied {rows} times", plan.key));
         }
     }
+    let made = ledger
+        .transfer_count()
+        .await
+        .context("cannot count transfers")?
+        - transfers_before;
+    if u64::try_from(made).ok() != Some(applied) {
+        problems.push(format!(
+            "{made} transfers made in this run, {applied} intents applied"
+        ));
+    }
     let total = ledger.total().await.context("cannot read the total")?;
     if total != initial {
         problems.push(format!("money not conserved: {initial} then {total}"));
@@ -325,7 +376,9 @@ async fn parent<B: Broker, L: Ledger>(
     println!(
         "  messages published      {published} ({duplicates} duplicates, {reuses} reused ids)"
     );
-    println!("  consumer SIGKILLs       {killed} (after an effect before its ack, and mid-batch)");
+    println!(
+        "  consumer SIGKILLs       {killed} (after an effect before its ack, and mid-batch; one and two commits)"
+    );
     println!("  applied once            {applied}");
     println!("  refused for funds       {refused}");
     println!(
@@ -349,7 +402,7 @@ fn spawn_child(
     url: &str,
     queue: &str,
     store_arg: &str,
-    pause: Option<Pause>,
+    pause: Option<(Pause, Commits)>,
 ) -> anyhow::Result<std::process::Child> {
     let exe = std::env::current_exe().context("cannot find the idem binary")?;
     let mut cmd = Command::new(exe);
@@ -365,8 +418,8 @@ fn spawn_child(
     .stdin(Stdio::null())
     .stdout(Stdio::piped())
     .stderr(Stdio::inherit());
-    if let Some(p) = pause {
-        cmd.args(["--consumer-pause", &p.arg()]);
+    if let Some((p, commits)) = pause {
+        cmd.args(["--consumer-pause", &p.arg(commits)]);
     }
     cmd.spawn().context("cannot start a consumer child")
 }
@@ -429,6 +482,7 @@ async fn wait_settled<B: Broker>(
 async fn child<B: Broker, L: Ledger>(
     mut broker: B,
     pause: Option<Pause>,
+    commits: Commits,
     ledger: Arc<L>,
     store: Arc<dyn Store>,
 ) -> anyhow::Result<ExitCode> {
@@ -449,7 +503,7 @@ async fn child<B: Broker, L: Ledger>(
         let outcomes = futures_util::future::join_all(
             batch
                 .iter()
-                .map(|d| apply_one(&consumer, &*ledger, d.message())),
+                .map(|d| apply_one(&consumer, &*ledger, d.message(), commits)),
         )
         .await;
         for (i, (delivery, outcome)) in batch.iter().zip(&outcomes).enumerate() {
@@ -488,11 +542,21 @@ fn wait_to_be_killed() -> ! {
     }
 }
 
+/// How a message reaches the ledger in atomic mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Commits {
+    /// Claim, then the transfer with the completion: two commits.
+    Two,
+    /// The claim, the transfer and the completion in one commit.
+    One,
+}
+
 /// One message through the ledger, atomically.
 async fn apply_one<L: Ledger>(
     consumer: &Consumer,
     ledger: &L,
     message: Message,
+    commits: Commits,
 ) -> Result<Processed, ConsumeError<LedgerError>> {
     let Ok(request) = serde_json::from_slice::<TransferRequest>(&message.payload) else {
         // Not a transfer: refused for good (stored, acknowledged), never
@@ -503,18 +567,30 @@ async fn apply_one<L: Ledger>(
             })
             .await;
     };
-    consumer
-        .process_atomically(&message, |claimed| async move {
-            match ledger
-                .transfer(claimed.id(), claimed.fence(), request)
+    match commits {
+        Commits::One => {
+            consumer
+                .process_in_one_transaction(&message, |claim| {
+                    let request = request.clone();
+                    async move { ledger.transfer_claiming(&claim, request).await }
+                })
                 .await
-            {
-                Ok(Outcome::Done(stored)) => Ok(Atomic::Committed(stored.body)),
-                Ok(Outcome::LostLease) => Ok(Atomic::StaleFence),
-                Err(e) => Ok(Atomic::Failed(e)),
-            }
-        })
-        .await
+        }
+        Commits::Two => {
+            consumer
+                .process_atomically(&message, |claimed| async move {
+                    match ledger
+                        .transfer(claimed.id(), claimed.fence(), request)
+                        .await
+                    {
+                        Ok(Outcome::Done(stored)) => Ok(Atomic::Committed(stored.body)),
+                        Ok(Outcome::LostLease) => Ok(Atomic::StaleFence),
+                        Err(e) => Ok(Atomic::Failed(e)),
+                    }
+                })
+                .await
+        }
+    }
 }
 
 /// How a bench run consumes.
@@ -525,16 +601,19 @@ enum Variant {
     Baseline,
     /// The same consumer, each message through idem's atomic mode.
     Atomic,
-    /// Atomic mode, a fetched batch's messages run together, acked in order.
-    AtomicBatched,
+    /// Atomic mode with the claim in the transaction: one commit.
+    OneCommit,
+    /// One commit, a fetched batch's messages run together, acked in order.
+    OneCommitBatched,
 }
 
 impl Variant {
     fn name(self) -> &'static str {
         match self {
             Variant::Baseline => "own transaction, no idem",
-            Variant::Atomic => "idem atomic mode",
-            Variant::AtomicBatched => "idem atomic mode, batch together",
+            Variant::Atomic => "idem atomic mode, two commits",
+            Variant::OneCommit => "idem atomic mode, one commit",
+            Variant::OneCommitBatched => "one commit, batch together",
         }
     }
 }
@@ -576,7 +655,12 @@ async fn bench<B: Broker, L: Ledger>(
     );
     let n = args.intents;
     let mut rates = Vec::new();
-    for variant in [Variant::Baseline, Variant::Atomic, Variant::AtomicBatched] {
+    for variant in [
+        Variant::Baseline,
+        Variant::Atomic,
+        Variant::OneCommit,
+        Variant::OneCommitBatched,
+    ] {
         let name = format!("{queue}-{variant:?}").to_ascii_lowercase();
         let publisher = B::open(url, &name, true).await?;
         let payloads = (0..n)
@@ -611,20 +695,26 @@ async fn bench<B: Broker, L: Ledger>(
                         d.settle(Action::Ack).await?;
                     }
                 }
-                Variant::Atomic => {
+                Variant::Atomic | Variant::OneCommit => {
+                    let commits = if variant == Variant::Atomic {
+                        Commits::Two
+                    } else {
+                        Commits::One
+                    };
                     for d in &batch {
-                        let action = match apply_one(&consumer, &*ledger, d.message()).await {
+                        let outcome = apply_one(&consumer, &*ledger, d.message(), commits).await;
+                        let action = match outcome {
                             Ok(p) => p.action(),
                             Err(e) => e.action(),
                         };
                         d.settle(action).await?;
                     }
                 }
-                Variant::AtomicBatched => {
+                Variant::OneCommitBatched => {
                     let outcomes = futures_util::future::join_all(
                         batch
                             .iter()
-                            .map(|d| apply_one(&consumer, &*ledger, d.message())),
+                            .map(|d| apply_one(&consumer, &*ledger, d.message(), Commits::One)),
                     )
                     .await;
                     for (d, o) in batch.iter().zip(outcomes) {
