@@ -235,53 +235,6 @@ mod atomic_mode {
 
     idem_testkit::atomic_conformance_tests!(PostgresHarness);
 
-    /// The claim, the mutation and the completion in one commit, with the
-    /// attempts spread over two pools (as two instances).
-    #[test]
-    fn one_commit_claims_run_once() {
-        idem_testkit::runtime().block_on(async {
-            let Some(h) = PostgresHarness::prepare().await else {
-                return;
-            };
-            let pools = [h.connect().await, h.admin.clone()];
-            let next = std::sync::atomic::AtomicUsize::new(0);
-            let schema = h.admin.schema().to_owned();
-            let run: idem_testkit::atomic::OneCommitRun<'_> = Box::new(move |req, fail| {
-                let store = pools[next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 2].clone();
-                let schema = schema.clone();
-                Box::pin(async move {
-                    let key = req.id.key.as_str().to_owned();
-                    let out = store
-                        .claim_and_complete_atomically(&req, move |tx, _fence| {
-                            Box::pin(async move {
-                                tx.execute(
-                                    &format!("INSERT INTO {schema}.transfers (idem_key, amount) VALUES ($1, 1)"),
-                                    &[&key],
-                                )
-                                .await?;
-                                if fail {
-                                    tx.execute("SELECT * FROM no_such_table", &[]).await?;
-                                }
-                                Ok::<_, PgError>(((), Completion::completed(response(201, "one"))))
-                            })
-                        })
-                        .await?;
-                    Ok(out.map_failed(|e| e.to_string()))
-                })
-            });
-            idem_testkit::atomic::one_commit_claims_run_once(
-                &h.admin,
-                |key| {
-                    let h = &h;
-                    Box::pin(async move { h.rows(&key).await })
-                },
-                run,
-                32,
-            )
-            .await;
-        });
-    }
-
     /// The crash child's server and schema.
     const URL_VAR: &str = "IDEM_CRASH_URL";
     const SCHEMA_VAR: &str = "IDEM_CRASH_SCHEMA";
@@ -293,6 +246,38 @@ mod atomic_mode {
         url: String,
         admin: PostgresStore,
         _cleanup: Option<CleanupOnDrop>,
+    }
+
+    /// The mutation a [`Plan`] describes, in the store's transaction.
+    async fn transfer(
+        tx: &crate::Transaction<'_>,
+        schema: &str,
+        key: &str,
+        plan: Plan,
+    ) -> Result<(String, Completion), tokio_postgres::Error> {
+        let row: i64 = tx
+            .query_one(
+                &format!("INSERT INTO {schema}.transfers (idem_key, amount) VALUES ($1, 100) RETURNING id"),
+                &[&key],
+            )
+            .await?
+            .get(0);
+        let row = row.to_string();
+        let mut resource_id = row.clone();
+        match plan {
+            Plan::Transfer => {}
+            Plan::FailAfterInsert => {
+                tx.execute("SELECT 1/0", &[]).await?;
+            }
+            Plan::RefusedCompletion => resource_id = REFUSED_RESOURCE_ID.to_owned(),
+            Plan::HangBeforeCommit => {
+                idem_testkit::crash::say_ready();
+                std::future::pending::<()>().await;
+            }
+        }
+        let c = Completion::completed(response(201, &format!("transfer {row}")))
+            .with_resource_id(resource_id);
+        Ok((row, c))
     }
 
     impl AtomicHarness for PostgresHarness {
@@ -373,36 +358,23 @@ mod atomic_mode {
             let key = id.key.as_str().to_owned();
             let out = store
                 .complete_atomically(id, fence, move |tx| {
-                    Box::pin(async move {
-                        let row: i64 = tx
-                            .query_one(
-                                &format!(
-                                    "INSERT INTO {schema}.transfers (idem_key, amount) \
-                                     VALUES ($1, 100) RETURNING id"
-                                ),
-                                &[&key],
-                            )
-                            .await?
-                            .get(0);
-                        let row = row.to_string();
-                        let mut resource_id = row.clone();
-                        match plan {
-                            Plan::Transfer => {}
-                            Plan::FailAfterInsert => {
-                                tx.execute("SELECT 1/0", &[]).await?;
-                            }
-                            Plan::RefusedCompletion => {
-                                resource_id = REFUSED_RESOURCE_ID.to_owned();
-                            }
-                            Plan::HangBeforeCommit => {
-                                idem_testkit::crash::say_ready();
-                                std::future::pending::<()>().await;
-                            }
-                        }
-                        let c = Completion::completed(response(201, &format!("transfer {row}")))
-                            .with_resource_id(resource_id);
-                        Ok::<_, tokio_postgres::Error>((row, c))
-                    })
+                    Box::pin(async move { transfer(tx, &schema, &key, plan).await })
+                })
+                .await?;
+            Ok(out.map_failed(|e| e.to_string()))
+        }
+
+        async fn claim_and_complete_atomically(
+            &self,
+            store: &PostgresStore,
+            req: &idem_core::ClaimRequest,
+            plan: Plan,
+        ) -> Result<idem_core::ClaimedAtomically<String, String>, idem_core::StoreError> {
+            let schema = store.schema().to_owned();
+            let key = req.id.key.as_str().to_owned();
+            let out = store
+                .claim_and_complete_atomically(req, move |tx, _fence| {
+                    Box::pin(async move { transfer(tx, &schema, &key, plan).await })
                 })
                 .await?;
             Ok(out.map_failed(|e| e.to_string()))

@@ -199,47 +199,6 @@ mod atomic_mode {
 
     idem_testkit::atomic_conformance_tests!(SqliteHarness);
 
-    /// The claim, the mutation and the completion in one commit.
-    #[test]
-    fn one_commit_claims_run_once() {
-        idem_testkit::runtime().block_on(async {
-            let h = SqliteHarness::prepare().await.unwrap();
-            let store = h.connect().await;
-            let run: idem_testkit::atomic::OneCommitRun<'_> = Box::new(|req, fail| {
-                let store = store.clone();
-                Box::pin(async move {
-                    let key = req.id.key.as_str().to_owned();
-                    let out = store
-                        .claim_and_complete_atomically(&req, move |conn, _fence| {
-                            conn.execute(
-                                "INSERT INTO transfers (idem_key, amount) VALUES (?1, 1)",
-                                [&key],
-                            )?;
-                            if fail {
-                                conn.execute("INSERT INTO no_such_table VALUES (1)", [])?;
-                            }
-                            Ok::<_, rusqlite::Error>((
-                                (),
-                                Completion::completed(response(201, "one")),
-                            ))
-                        })
-                        .await?;
-                    Ok(out.map_failed(|e| e.to_string()))
-                })
-            });
-            idem_testkit::atomic::one_commit_claims_run_once(
-                &store,
-                |key| {
-                    let h = &h;
-                    Box::pin(async move { h.rows(&key).await })
-                },
-                run,
-                32,
-            )
-            .await;
-        });
-    }
-
     /// The crash child's store file.
     const PATH_VAR: &str = "IDEM_CRASH_PATH";
 
@@ -254,6 +213,36 @@ mod atomic_mode {
         fn db(&self) -> Connection {
             Connection::open(&self.path).unwrap()
         }
+    }
+
+    /// The mutation a [`Plan`] describes, on the writer's connection.
+    fn transfer(
+        conn: &Connection,
+        key: &str,
+        plan: Plan,
+    ) -> rusqlite::Result<(String, Completion)> {
+        conn.execute(
+            "INSERT INTO transfers (idem_key, amount) VALUES (?1, 100)",
+            [key],
+        )?;
+        let row = conn.last_insert_rowid().to_string();
+        let mut resource_id = row.clone();
+        match plan {
+            Plan::Transfer => {}
+            Plan::FailAfterInsert => {
+                conn.execute("INSERT INTO no_such_table VALUES (1)", [])?;
+            }
+            Plan::RefusedCompletion => resource_id = REFUSED_RESOURCE_ID.to_owned(),
+            Plan::HangBeforeCommit => {
+                idem_testkit::crash::say_ready();
+                loop {
+                    std::thread::park();
+                }
+            }
+        }
+        let c = Completion::completed(response(201, &format!("transfer {row}")))
+            .with_resource_id(resource_id);
+        Ok((row, c))
     }
 
     impl AtomicHarness for SqliteHarness {
@@ -301,30 +290,20 @@ mod atomic_mode {
         ) -> Outcome {
             let key = id.key.as_str().to_owned();
             let out = store
-                .complete_atomically(id, fence, move |conn| {
-                    conn.execute(
-                        "INSERT INTO transfers (idem_key, amount) VALUES (?1, 100)",
-                        [&key],
-                    )?;
-                    let row = conn.last_insert_rowid().to_string();
-                    let mut resource_id = row.clone();
-                    match plan {
-                        Plan::Transfer => {}
-                        Plan::FailAfterInsert => {
-                            conn.execute("INSERT INTO no_such_table VALUES (1)", [])?;
-                        }
-                        Plan::RefusedCompletion => resource_id = REFUSED_RESOURCE_ID.to_owned(),
-                        Plan::HangBeforeCommit => {
-                            idem_testkit::crash::say_ready();
-                            loop {
-                                std::thread::park();
-                            }
-                        }
-                    }
-                    let c = Completion::completed(response(201, &format!("transfer {row}")))
-                        .with_resource_id(resource_id);
-                    Ok::<_, rusqlite::Error>((row, c))
-                })
+                .complete_atomically(id, fence, move |conn| transfer(conn, &key, plan))
+                .await?;
+            Ok(out.map_failed(|e| e.to_string()))
+        }
+
+        async fn claim_and_complete_atomically(
+            &self,
+            store: &SqliteStore,
+            req: &idem_core::ClaimRequest,
+            plan: Plan,
+        ) -> Result<idem_core::ClaimedAtomically<String, String>, idem_core::StoreError> {
+            let key = req.id.key.as_str().to_owned();
+            let out = store
+                .claim_and_complete_atomically(req, move |conn, _fence| transfer(conn, &key, plan))
                 .await?;
             Ok(out.map_failed(|e| e.to_string()))
         }

@@ -108,6 +108,16 @@ pub trait AtomicHarness: Sized {
         plan: Plan,
     ) -> impl Future<Output = Outcome>;
 
+    /// Runs the store's atomic mode in one commit for `req` (claim,
+    /// mutation and completion together), with the mutation that `plan`
+    /// describes.
+    fn claim_and_complete_atomically(
+        &self,
+        store: &Self::Store,
+        req: &idem_core::ClaimRequest,
+        plan: Plan,
+    ) -> impl Future<Output = Result<idem_core::ClaimedAtomically<String, String>, StoreError>>;
+
     /// How many business rows `key` has, read outside the store.
     fn rows(&self, key: &str) -> impl Future<Output = i64>;
 
@@ -162,6 +172,18 @@ macro_rules! atomic_conformance_tests {
             $crate::atomic::crash_before_commit_executes_once_on_retry::<$harness>(
                 &$crate::atomic::test_path(module_path!(), "crash_child"),
             );
+        }
+
+        #[test]
+        fn crash_inside_one_commit_leaves_nothing() {
+            $crate::atomic::crash_inside_one_commit_leaves_nothing::<$harness>(
+                &$crate::atomic::test_path(module_path!(), "crash_child"),
+            );
+        }
+
+        #[test]
+        fn one_commit_claims_run_once() {
+            $crate::atomic::one_commit_claims_run_once::<$harness>();
         }
 
         #[test]
@@ -304,6 +326,8 @@ enum CrashPoint {
     BeforeCommit,
     /// Just after the commit.
     AfterCommit,
+    /// Inside a one-commit transaction (claim, mutation, no commit yet).
+    InsideOneTransaction,
 }
 
 impl CrashPoint {
@@ -311,6 +335,7 @@ impl CrashPoint {
         match self {
             CrashPoint::BeforeCommit => "before-commit",
             CrashPoint::AfterCommit => "after-commit",
+            CrashPoint::InsideOneTransaction => "inside-one-transaction",
         }
     }
 }
@@ -343,6 +368,17 @@ pub fn crash_child<H: AtomicHarness>() {
         let h = H::from_crash_env().await;
         let store = h.connect().await;
         let id = crash_id(&key);
+        if point == CrashPoint::InsideOneTransaction.as_str() {
+            // Says ready from inside the mutation, and never returns.
+            let out = h
+                .claim_and_complete_atomically(
+                    &store,
+                    &request(&id, "{}", t0()),
+                    Plan::HangBeforeCommit,
+                )
+                .await;
+            panic!("the one-commit mutation returned: {out:?}");
+        }
         let fence = acquire(&store, &id, t0()).await;
         let plan = if point == CrashPoint::BeforeCommit.as_str() {
             Plan::HangBeforeCommit
@@ -364,6 +400,13 @@ pub fn crash_child<H: AtomicHarness>() {
 /// once. `child` is the test path of the harness's `crash_child`.
 pub fn crash_before_commit_executes_once_on_retry<H: AtomicHarness>(child: &str) {
     crash_test::<H>(child, CrashPoint::BeforeCommit);
+}
+
+/// SIGKILL inside a one-commit transaction (the claim and the mutation
+/// made, nothing committed): nothing is left, the claim included, so the
+/// retry acquires at once (no lease to wait for) and executes once.
+pub fn crash_inside_one_commit_leaves_nothing<H: AtomicHarness>(child: &str) {
+    crash_test::<H>(child, CrashPoint::InsideOneTransaction);
 }
 
 /// SIGKILL just after the commit: the retry after the lease replays.
@@ -388,6 +431,37 @@ fn crash_test<H: AtomicHarness>(child: &str, point: CrashPoint) {
         // The store is opened after the crash, as a restarted process would.
         let store = h.connect().await;
         let id = crash_id(&key);
+        if point == CrashPoint::InsideOneTransaction {
+            // No lease to wait for: the claim died with the transaction.
+            let again = request(&id, "{}", t0());
+            assert!(
+                store.get(&id, t0()).await.unwrap().is_none(),
+                "the killed transaction left its claim"
+            );
+            assert_eq!(h.rows(&key).await, 0, "the killed transaction left nothing");
+            let out = h
+                .claim_and_complete_atomically(&store, &again, Plan::Transfer)
+                .await
+                .unwrap();
+            assert!(
+                matches!(out, idem_core::ClaimedAtomically::Ran(Atomic::Committed(_))),
+                "{out:?}"
+            );
+            assert_eq!(h.rows(&key).await, 1, "exactly one transfer");
+            let replay = h
+                .claim_and_complete_atomically(&store, &again, Plan::Transfer)
+                .await
+                .unwrap();
+            assert!(
+                matches!(
+                    replay,
+                    idem_core::ClaimedAtomically::NotAcquired(Claim::Replay(_))
+                ),
+                "{replay:?}"
+            );
+            assert_eq!(h.rows(&key).await, 1, "still one transfer");
+            return;
+        }
         // The retry comes after the lease.
         let retry = request(&id, "{}", t0() + LEASE);
         match (point, store.claim(&retry).await.unwrap()) {
@@ -414,86 +488,82 @@ fn crash_test<H: AtomicHarness>(child: &str, point: CrashPoint) {
     });
 }
 
-/// One attempt of a store's `claim_and_complete_atomically`: claims `req`
-/// and, when acquired, inserts a `transfers` row for the key and completes
-/// with `response(201, "one")`, or fails the mutation after the insert
-/// when `fail` is set. Answers what the store answered.
-pub type OneCommitRun<'a> = Box<
-    dyn Fn(
-            idem_core::ClaimRequest,
-            bool,
-        ) -> Pin<
-            Box<
-                dyn Future<Output = Result<idem_core::ClaimedAtomically<(), String>, StoreError>>
-                    + Send
-                    + 'a,
-            >,
-        > + Send
-        + Sync
-        + 'a,
->;
-
-/// The claim, the mutation and the completion in one commit: a new key
-/// commits all three; a retry is a replay without running the mutation; a
-/// failed mutation leaves nothing, the claim included (the next attempt
-/// acquires, never "in flight"); another payload is a mismatch; `tasks`
-/// attempts at once run the mutation once, the others replay.
-pub async fn one_commit_claims_run_once<'r, S: Store + ?Sized>(
-    store: &S,
-    rows: impl Fn(String) -> Pin<Box<dyn Future<Output = i64> + Send + 'r>>,
-    run: OneCommitRun<'_>,
-    tasks: usize,
-) {
+/// The claim, the mutation and the completion in one commit: a failed
+/// mutation leaves nothing, the claim included (the next attempt acquires,
+/// never "in flight"); then it commits once; a retry replays and another
+/// payload is a mismatch, neither running the mutation; 32 attempts at
+/// once (over two store handles, as two instances) run it once.
+pub fn one_commit_claims_run_once<H: AtomicHarness>() {
     use idem_core::ClaimedAtomically::{NotAcquired, Ran};
-    let id = unique_id("one-commit-00001");
-    let key = id.key.as_str().to_owned();
+    runtime().block_on(async {
+        let Some(h) = H::prepare().await else { return };
+        let store = h.connect().await;
+        let id = unique_id("one-commit-00001");
+        let key = id.key.as_str().to_owned();
 
-    // A failed mutation: nothing of it, the claim included.
-    let failed = run(request(&id, "{}", t0()), true).await.expect("store");
-    assert!(matches!(failed, Ran(Atomic::Failed(_))), "{failed:?}");
-    assert_eq!(rows(key.clone()).await, 0, "the failed mutation's row");
-    assert!(
-        store.get(&id, t0()).await.expect("get").is_none(),
-        "no claim left behind"
-    );
+        let failed = h
+            .claim_and_complete_atomically(&store, &request(&id, "{}", t0()), Plan::FailAfterInsert)
+            .await
+            .expect("store");
+        assert!(matches!(failed, Ran(Atomic::Failed(_))), "{failed:?}");
+        assert_eq!(h.rows(&key).await, 0, "the failed mutation's row");
+        assert!(
+            store.get(&id, t0()).await.expect("get").is_none(),
+            "no claim left behind"
+        );
 
-    // Then it commits, once.
-    let done = run(request(&id, "{}", t0()), false).await.expect("store");
-    assert!(matches!(done, Ran(Atomic::Committed(()))), "{done:?}");
-    assert_eq!(rows(key.clone()).await, 1);
-    let record = store.get(&id, t0()).await.expect("get").expect("a record");
-    assert_eq!(record.status, Status::Completed);
+        let done = h
+            .claim_and_complete_atomically(&store, &request(&id, "{}", t0()), Plan::Transfer)
+            .await
+            .expect("store");
+        assert!(matches!(done, Ran(Atomic::Committed(_))), "{done:?}");
+        assert_eq!(h.rows(&key).await, 1);
+        let record = store.get(&id, t0()).await.expect("get").expect("a record");
+        assert_eq!(record.status, Status::Completed);
 
-    // A retry replays; another payload is a mismatch; neither runs.
-    let again = run(request(&id, "{}", t0()), false).await.expect("store");
-    assert!(matches!(again, NotAcquired(Claim::Replay(_))), "{again:?}");
-    let other = run(request(&id, r#"{"other":1}"#, t0()), false)
-        .await
-        .expect("store");
-    assert!(
-        matches!(other, NotAcquired(Claim::Mismatch { .. })),
-        "{other:?}"
-    );
-    assert_eq!(rows(key.clone()).await, 1);
+        let again = h
+            .claim_and_complete_atomically(&store, &request(&id, "{}", t0()), Plan::Transfer)
+            .await
+            .expect("store");
+        assert!(matches!(again, NotAcquired(Claim::Replay(_))), "{again:?}");
+        let other = h
+            .claim_and_complete_atomically(
+                &store,
+                &request(&id, r#"{"other":1}"#, t0()),
+                Plan::Transfer,
+            )
+            .await
+            .expect("store");
+        assert!(
+            matches!(other, NotAcquired(Claim::Mismatch { .. })),
+            "{other:?}"
+        );
+        assert_eq!(h.rows(&key).await, 1);
 
-    // Many at once: one runs, the others wait for it and replay.
-    let id = unique_id("one-commit-00002");
-    let key = id.key.as_str().to_owned();
-    let attempts = (0..tasks).map(|_| run(request(&id, "{}", t0()), false));
-    let outcomes = futures_util::future::join_all(attempts).await;
-    let committed = outcomes
-        .iter()
-        .filter(|o| matches!(o, Ok(Ran(Atomic::Committed(())))))
-        .count();
-    assert_eq!(committed, 1, "{outcomes:?}");
-    assert!(
-        outcomes.iter().all(|o| matches!(
-            o,
-            Ok(Ran(Atomic::Committed(())) | NotAcquired(Claim::Replay(_) | Claim::InFlight { .. }))
-        )),
-        "{outcomes:?}"
-    );
-    assert_eq!(rows(key.clone()).await, 1, "one row for the key");
+        let second = h.connect().await;
+        let id = unique_id("one-commit-00002");
+        let key = id.key.as_str().to_owned();
+        let req = request(&id, "{}", t0());
+        let attempts = (0..32).map(|i| {
+            let store = if i % 2 == 0 { &store } else { &second };
+            h.claim_and_complete_atomically(store, &req, Plan::Transfer)
+        });
+        let outcomes = futures_util::future::join_all(attempts).await;
+        let committed = outcomes
+            .iter()
+            .filter(|o| matches!(o, Ok(Ran(Atomic::Committed(_)))))
+            .count();
+        assert_eq!(committed, 1, "{outcomes:?}");
+        assert!(
+            outcomes.iter().all(|o| matches!(
+                o,
+                Ok(Ran(Atomic::Committed(_))
+                    | NotAcquired(Claim::Replay(_) | Claim::InFlight { .. }))
+            )),
+            "{outcomes:?}"
+        );
+        assert_eq!(h.rows(&key).await, 1, "one row for the key");
+    });
 }
 
 #[cfg(test)]
