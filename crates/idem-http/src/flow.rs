@@ -149,22 +149,30 @@ where
     let call = inner(request);
     // The task runs in the caller's span, so that a span of the stack
     // around this layer (a TraceLayer, OpenTelemetry) covers the handler.
-    let task = shared
-        .tracker
-        .spawn(execute(shared.clone(), call, ctx, rule, lease).in_current_span());
-    let (outcome, result) = match task.await {
-        Ok(ended) => ended,
+    // It logs the request's end itself: a client that hangs up drops the
+    // wait below, not the execution, and its end is still logged.
+    let execution = execute(shared.clone(), call, ctx, rule, lease);
+    let logged_id = id.clone();
+    let task = shared.tracker.spawn(
+        async move {
+            let (outcome, result) = execution.await;
+            let status = result.as_ref().ok().map(Response::status);
+            log_end(&logged_id, started, outcome, status);
+            result
+        }
+        .in_current_span(),
+    );
+    match task.await {
+        Ok(result) => result,
         // Only our own code can panic here (the handler's panics are caught
         // inside); the claim is left to its lease.
-        Err(_) => (Outcome::Released, Ok(reject(Rejection::HandlerFailed))),
-    };
-    log_end(
-        &id,
-        started,
-        outcome,
-        result.as_ref().ok().map(Response::status),
-    );
-    result
+        Err(_) => Ok(ended(
+            &id,
+            started,
+            Outcome::Released,
+            reject(Rejection::HandlerFailed),
+        )),
+    }
 }
 
 /// How a keyed request ended: the outcome it was counted under in

@@ -93,11 +93,11 @@ impl<T, E: Into<anyhow::Error>> OrUsage<T> for Result<T, E> {
 pub(crate) fn report(error: &anyhow::Error) -> ExitCode {
     if let Some(config) = error.downcast_ref::<ConfigError>() {
         for problem in config.problems() {
-            eprintln!("idem: {problem}");
+            crate::logging::print_error(&problem.to_string());
         }
     } else {
         let chain: Vec<String> = error.chain().map(ToString::to_string).collect();
-        eprintln!("idem: {}", chain.join(": "));
+        crate::logging::print_error(&chain.join(": "));
     }
     Exit::of(error).into()
 }

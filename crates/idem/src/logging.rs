@@ -17,10 +17,17 @@
 //! idempotency keys; idem's own events name a key only by its short hash.
 
 use std::str::FromStr;
+use std::sync::OnceLock;
 
 use anyhow::{Context, anyhow};
 use tracing::level_filters::LevelFilter;
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
+
+/// The format `init` installed; error lines printed outside the subscriber
+/// follow it.
+static INSTALLED_FORMAT: OnceLock<LogFormat> = OnceLock::new();
 
 /// The filter when neither `--log-level` nor `RUST_LOG` gives one.
 const DEFAULT_FILTER: &str = "info";
@@ -59,7 +66,33 @@ pub(crate) fn init(level: Option<&str>, format: LogFormat) -> anyhow::Result<()>
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
     };
-    installed.map_err(|e| anyhow!("cannot install the log subscriber: {e}"))
+    installed.map_err(|e| anyhow!("cannot install the log subscriber: {e}"))?;
+    let _ = INSTALLED_FORMAT.set(format);
+    Ok(())
+}
+
+/// Prints one error line to stderr for a command that failed: `idem: LINE`
+/// as text, or, once `--log-format json` is installed, one JSON object like
+/// the log's own (`timestamp`, `level` `ERROR`, `target` `idem`,
+/// `message`). Written directly, not as a `tracing` event, so that a filter
+/// of `off` cannot swallow the reason a command failed.
+pub(crate) fn print_error(line: &str) {
+    match INSTALLED_FORMAT.get() {
+        Some(LogFormat::Json) => {
+            let mut timestamp = String::new();
+            // Formatting into a String cannot fail; an empty timestamp would
+            // still leave the line valid JSON.
+            let _ = SystemTime.format_time(&mut Writer::new(&mut timestamp));
+            let object = serde_json::json!({
+                "timestamp": timestamp,
+                "level": "ERROR",
+                "target": "idem",
+                "message": line,
+            });
+            eprintln!("{object}");
+        }
+        Some(LogFormat::Text) | None => eprintln!("idem: {line}"),
+    }
 }
 
 /// Which filter applies, and where it came from (for error messages). An

@@ -7,7 +7,7 @@ mod support;
 
 use std::process::{Command, Stdio};
 
-use support::{Proc, free_port, idem, upstream, wait_ok};
+use support::{Proc, executions, free_port, idem, upstream, wait_ok};
 
 /// The child half: serves the counting upstream until killed.
 #[test]
@@ -163,6 +163,58 @@ async fn json_logs_name_each_request_by_its_key_hash() {
     assert!(has(&events, "INFO", "shutting down"), "{stderr}");
     assert!(has(&events, "INFO", "stopped"), "{stderr}");
     assert!(!stderr.contains(&k), "the raw key was logged:\n{stderr}");
+}
+
+/// A client that hangs up while the upstream works does not stop the
+/// execution, nor its one debug event: the request's end is logged with the
+/// outcome and status it was recorded under.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_client_hung_up_is_still_logged() {
+    use std::io::Write as _;
+    let (_up, up) = upstream();
+    let g = logged_gateway(&up, &["--log-format", "json", "--log-level", "debug"], &[]).await;
+    let k = key("hangup");
+    let addr = g.base.trim_start_matches("http://").to_owned();
+    let mut client = std::net::TcpStream::connect(&addr).unwrap();
+    client
+        .write_all(
+            format!(
+                "POST /slow HTTP/1.1\r\nHost: x\r\nIdempotency-Key: {k}\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{{}}"
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+    // The upstream holds the request until released; hang up while it does.
+    while executions(&up, &k).await == 0 {
+        tokio::task::yield_now().await;
+    }
+    drop(client);
+    reqwest::get(format!("{up}/release")).await.unwrap();
+    // The execution ends on its own and is recorded: a retry replays it.
+    let replay = loop {
+        let r = post(&g.base, "/slow", &k).await;
+        if r.status() != 409 {
+            break r;
+        }
+    };
+    assert_eq!(replay.status(), 201);
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    let stderr = g.stop().await;
+
+    let hash = idem_core::Key::new(k.as_str()).unwrap().log_id();
+    let events = json_lines(&stderr);
+    let ends: Vec<(&str, u64)> = events
+        .iter()
+        .filter(|e| e["message"] == "request finished" && e["key"] == hash.as_str())
+        .filter(|e| e["outcome"] != "conflict")
+        .map(|e| {
+            (
+                e["outcome"].as_str().unwrap(),
+                e["status"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(ends, [("executed", 201), ("replayed", 201)], "{stderr}");
 }
 
 /// `RUST_LOG` sets the filter without `--log-level`; `--log-level` wins
@@ -337,6 +389,55 @@ fn bad_log_settings_are_usage_errors() {
     assert!(out.contains("0 stale records"), "{out}");
     assert!(!out.contains("timestamp"), "a log line on stdout: {out}");
     json_lines(&err);
+}
+
+/// A command that fails writes its error lines in the log's format: with
+/// `--log-format json`, each is a JSON object like the log's own, and a
+/// filter of `off` does not swallow the reason the command failed.
+#[test]
+fn error_lines_follow_the_log_format() {
+    let bad = [
+        "check-config",
+        "--upstream",
+        "http://127.0.0.1:1",
+        "--store",
+        "memory:",
+        "--ttl",
+        "3000000d",
+        "--listen",
+        "nowhere",
+    ];
+    for level in ["info", "off"] {
+        let mut args = bad.to_vec();
+        args.extend(["--log-format", "json", "--log-level", level]);
+        let (code, out, err) = idem(&args);
+        assert_eq!(code, 2, "{level}: {err}");
+        assert!(out.is_empty(), "{out}");
+        let events = json_lines(&err);
+        assert_eq!(events.len(), 2, "one object per problem: {err}");
+        for e in &events {
+            assert_eq!(e["level"], "ERROR", "{err}");
+            assert_eq!(e["target"], "idem", "{err}");
+            assert!(
+                e["timestamp"].as_str().is_some_and(|t| t.len() > 10),
+                "{err}"
+            );
+        }
+        assert!(
+            events
+                .iter()
+                .any(|e| e["message"].as_str().unwrap().contains("ttl")),
+            "{err}"
+        );
+    }
+    // As text: the same problems, one `idem:` line each.
+    let (code, _, err) = idem(&bad);
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(
+        err.lines().filter(|l| l.starts_with("idem: ")).count(),
+        2,
+        "{err}"
+    );
 }
 
 /// W3C trace context from the client reaches the upstream unchanged.

@@ -309,6 +309,32 @@ fn a_credential_in_the_arguments_is_refused() {
         );
         assert!(!err.contains("s3cret") && !out.contains("s3cret"), "{err}");
     }
+    // Typed unquoted, the credential's second word is an argument nothing
+    // takes: clap refuses it, and the error line must not show it.
+    for args in [
+        &[
+            "records",
+            "get",
+            "some-key-0123456789",
+            "--store",
+            "memory:",
+            "--credential",
+            "Bearer",
+            "s3cret",
+        ][..],
+        &["records", "get", "some-key-0123456789", "s3cret"][..],
+        &["records", "stale", "--store", "memory:", "--token=s3cret"][..],
+    ] {
+        let (code, out, err) = idem(args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains("unexpected argument"), "{args:?}: {err}");
+        assert!(!err.contains("s3cret") && !out.contains("s3cret"), "{err}");
+    }
+    // A mistyped flag is still named, so the operator can fix it.
+    let (code, _, err) = idem(&["records", "stale", "--stor", "memory:"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("'--stor'"), "{err}");
 }
 
 /// Help shows which variable a flag reads, never the value it holds.
