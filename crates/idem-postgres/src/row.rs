@@ -132,7 +132,7 @@ fn finished_parts(
     Ok((resource_id, Some(response)))
 }
 
-fn fence_from(v: i64) -> Result<Fence, StoreError> {
+pub(crate) fn fence_from(v: i64) -> Result<Fence, StoreError> {
     u64::try_from(v)
         .map(Fence::new)
         .map_err(|_| corrupt("fence"))

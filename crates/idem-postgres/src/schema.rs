@@ -185,6 +185,10 @@ pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<(), Sto
 pub(crate) struct Statements {
     /// Calls `idem_claim`: the whole claim in one round trip.
     pub(crate) claim: String,
+    /// Inserts an in-progress record for a key that has none and returns
+    /// its fence, lease end and expiry; returns no row if the key has a record (live or not),
+    /// which `claim` then judges. The fast path of one-commit mode.
+    pub(crate) claim_new: String,
     /// Stores a completion if the fence still holds the record.
     pub(crate) complete: String,
     /// Deletes the record if the fence still holds it.
@@ -207,6 +211,12 @@ impl Statements {
     pub(crate) fn new(s: &str) -> Statements {
         Statements {
             claim: format!("SELECT * FROM {s}.idem_claim($1, $2, $3, $4, $5, $6, $7)"),
+            claim_new: format!(
+                "INSERT INTO {s}.idem_records AS t (scope, operation, key, fingerprint, status, \
+                 fence, created_at, lease_until, expires_at) \
+                 VALUES ($1::text, $2::text, $3::text, $4::bytea, 0, nextval('{s}.idem_fence'), $5::bigint, $5::bigint + $6::bigint, $5::bigint + $7::bigint) \
+                 ON CONFLICT DO NOTHING RETURNING fence, lease_until, expires_at"
+            ),
             complete: format!(
                 "UPDATE {s}.idem_records SET status = $5, resource_id = $6, response_status = $7, \
                  response_headers = $8, response_body = $9, lease_until = NULL \

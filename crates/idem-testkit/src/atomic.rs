@@ -38,7 +38,7 @@ use idem_core::{
     StoreError, Timestamp,
 };
 
-use crate::{LEASE, crash, request, response, runtime, t0, unique_id};
+use crate::{LEASE, TTL, crash, request, response, runtime, t0, unique_id};
 
 /// What a harness's atomic call does. Every plan first inserts one row for
 /// the record's key into the business table `transfers`.
@@ -539,6 +539,45 @@ pub fn one_commit_claims_run_once<H: AtomicHarness>() {
             "{other:?}"
         );
         assert_eq!(h.rows(&key).await, 1);
+        // Past its expiry the record no longer answers: the key runs anew.
+        let reborn = h
+            .claim_and_complete_atomically(&store, &request(&id, "{}", t0() + TTL), Plan::Transfer)
+            .await
+            .expect("store");
+        assert!(matches!(reborn, Ran(Atomic::Committed(_))), "{reborn:?}");
+        assert_eq!(h.rows(&key).await, 2, "an expired record runs anew");
+
+        // A key claimed by another caller (a plain claim, as a gateway or a
+        // two-commit consumer makes) is in flight while its lease runs, and
+        // taken over, mutation and all, once it has run out.
+        let id = unique_id("one-commit-held1");
+        let key = id.key.as_str().to_owned();
+        let _held = acquire(&store, &id, t0()).await;
+        let busy = h
+            .claim_and_complete_atomically(&store, &request(&id, "{}", t0()), Plan::Transfer)
+            .await
+            .expect("store");
+        assert!(
+            matches!(busy, NotAcquired(Claim::InFlight { .. })),
+            "{busy:?}"
+        );
+        assert_eq!(h.rows(&key).await, 0);
+        let taken = h
+            .claim_and_complete_atomically(
+                &store,
+                &request(&id, "{}", t0() + LEASE),
+                Plan::Transfer,
+            )
+            .await
+            .expect("store");
+        assert!(matches!(taken, Ran(Atomic::Committed(_))), "{taken:?}");
+        assert_eq!(h.rows(&key).await, 1);
+        let record = store
+            .get(&id, t0() + LEASE)
+            .await
+            .expect("get")
+            .expect("a record");
+        assert_eq!(record.status, Status::Completed);
 
         let second = h.connect().await;
         let id = unique_id("one-commit-00002");
