@@ -155,24 +155,27 @@ where
     let logged_id = id.clone();
     let task = shared.tracker.spawn(
         async move {
-            let (outcome, result) = execution.await;
-            let status = result.as_ref().ok().map(Response::status);
-            log_end(&logged_id, started, outcome, status);
-            result
+            match AssertUnwindSafe(execution).catch_unwind().await {
+                Ok((outcome, result)) => {
+                    let status = result.as_ref().ok().map(Response::status);
+                    log_end(&logged_id, started, outcome, status);
+                    result
+                }
+                // Only our own code can panic here (the handler's panics are
+                // caught inside); the claim is left to its lease.
+                Err(_) => Ok(ended(
+                    &logged_id,
+                    started,
+                    Outcome::Released,
+                    reject(Rejection::HandlerFailed),
+                )),
+            }
         }
         .in_current_span(),
     );
-    match task.await {
-        Ok(result) => result,
-        // Only our own code can panic here (the handler's panics are caught
-        // inside); the claim is left to its lease.
-        Err(_) => Ok(ended(
-            &id,
-            started,
-            Outcome::Released,
-            reject(Rejection::HandlerFailed),
-        )),
-    }
+    // The task catches every panic; a join error is a cancelled runtime.
+    task.await
+        .unwrap_or_else(|_| Ok(reject(Rejection::HandlerFailed)))
 }
 
 /// How a keyed request ended: the outcome it was counted under in

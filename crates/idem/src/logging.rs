@@ -77,7 +77,13 @@ pub(crate) fn init(level: Option<&str>, format: LogFormat) -> anyhow::Result<()>
 /// `message`). Written directly, not as a `tracing` event, so that a filter
 /// of `off` cannot swallow the reason a command failed.
 pub(crate) fn print_error(line: &str) {
-    match INSTALLED_FORMAT.get() {
+    print_error_as(INSTALLED_FORMAT.get().copied(), line);
+}
+
+/// [`print_error`] in `format`, for a line printed before (or instead of)
+/// installing the subscriber; `None` is text.
+pub(crate) fn print_error_as(format: Option<LogFormat>, line: &str) {
+    match format {
         Some(LogFormat::Json) => {
             let mut timestamp = String::new();
             // Formatting into a String cannot fail; an empty timestamp would

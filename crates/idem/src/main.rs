@@ -20,6 +20,7 @@ mod records;
 mod stores;
 mod tls;
 mod units;
+mod usage;
 
 use std::process::ExitCode;
 
@@ -43,13 +44,14 @@ fn main() -> ExitCode {
             e.exit()
         }
         Err(e) => {
-            eprintln!("idem: {} (see idem --help)", usage_error_line(&e));
+            let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+            eprintln!("idem: {} (see idem --help)", usage::error_line(&e, &args));
             return exit::Exit::Usage.into();
         }
     };
     // Before the command runs, so that every event reaches the log.
     if let Err(e) = logging::init(cli.log_level.as_deref(), cli.log_format) {
-        eprintln!("idem: {e:#}");
+        logging::print_error_as(Some(cli.log_format), &format!("{e:#}"));
         return exit::Exit::Usage.into();
     }
     tls::install_crypto_provider();
@@ -81,72 +83,5 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => exit::report(&e),
-    }
-}
-
-/// One line for a command line clap refused: clap's own first line, except
-/// that an unexpected argument is shown only by its flag name. A value
-/// typed where no value belongs (a credential after a flag that takes none,
-/// `--credential=...` where no such flag exists) may be a secret, and error
-/// lines end up in terminals' scrollback and CI logs.
-fn usage_error_line(e: &clap::Error) -> String {
-    use clap::error::{ContextKind, ContextValue, ErrorKind};
-    if e.kind() == ErrorKind::UnknownArgument {
-        let arg = match e.get(ContextKind::InvalidArg) {
-            Some(ContextValue::String(arg)) => arg.as_str(),
-            _ => "",
-        };
-        return match shown_flag_name(arg) {
-            Some(flag) => format!("unexpected argument '{flag}'"),
-            None => "unexpected argument (a value is not shown: it may be a secret)".to_owned(),
-        };
-    }
-    let text = e.to_string();
-    let first = text.lines().next().unwrap_or("invalid arguments");
-    first.trim_start_matches("error: ").to_owned()
-}
-
-/// The flag name of `arg` if it looks like one (`--name` or `-x`, without
-/// anything after `=`), or `None` for a value.
-fn shown_flag_name(arg: &str) -> Option<&str> {
-    let name = arg.split('=').next().unwrap_or_default();
-    let is_flag = |rest: &str| {
-        !rest.is_empty()
-            && rest.len() <= 40
-            && rest.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
-    };
-    match name.strip_prefix("--") {
-        Some(rest) if is_flag(rest) => Some(name),
-        Some(_) => None,
-        None => match name.strip_prefix('-') {
-            Some(rest) if is_flag(rest) => Some(name),
-            _ => None,
-        },
-    }
-}
-
-#[cfg(test)]
-mod usage_tests {
-    use super::shown_flag_name;
-
-    #[test]
-    fn values_and_secret_shaped_flags_are_not_shown() {
-        assert_eq!(shown_flag_name("--credential"), Some("--credential"));
-        assert_eq!(
-            shown_flag_name("--credential=Bearer hunter2"),
-            Some("--credential")
-        );
-        assert_eq!(shown_flag_name("-x"), Some("-x"));
-        for secret in [
-            "hunter2",
-            "Bearer abc",
-            "--sk_live_51Habc",
-            "-",
-            "--",
-            "--x y",
-            "---------------------------------------------------------",
-        ] {
-            assert_eq!(shown_flag_name(secret), None, "{secret}");
-        }
     }
 }

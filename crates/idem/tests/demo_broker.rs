@@ -98,7 +98,8 @@ fn the_consumer_bench_runs_every_row() {
         for row in [
             "own transaction, no idem",
             "idem atomic mode",
-            "batch together",
+            "own transaction, batch together",
+            "one commit, batch together",
         ] {
             assert!(report.contains(row), "{broker}: {row} in {report}");
         }

@@ -430,6 +430,28 @@ fn error_lines_follow_the_log_format() {
             "{err}"
         );
     }
+    // A bad --log-level under json: the format is known, so the line is
+    // JSON too.
+    let (code, _, err) = idem(&[
+        "--log-format",
+        "json",
+        "--log-level",
+        "loud",
+        "records",
+        "stale",
+        "--store",
+        "memory:",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    let events = json_lines(&err);
+    assert_eq!(events.len(), 1, "{err}");
+    assert!(
+        events[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--log-level"),
+        "{err}"
+    );
     // As text: the same problems, one `idem:` line each.
     let (code, _, err) = idem(&bad);
     assert_eq!(code, 2, "{err}");

@@ -335,6 +335,74 @@ fn a_credential_in_the_arguments_is_refused() {
     let (code, _, err) = idem(&["records", "stale", "--stor", "memory:"]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("'--stor'"), "{err}");
+    // Whatever kind of refusal quotes it (a value for a flag that takes
+    // none, an invalid or unvalidated value, an unknown subcommand), a
+    // typed value never reaches the error line, nor do its control
+    // characters; the flag is still named.
+    let get = [
+        "records",
+        "get",
+        "some-key-0123456789",
+        "--store",
+        "memory:",
+    ];
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            [&get[..], &["--credential-stdin=Bearer s3cret"]].concat(),
+            "--credential-stdin",
+        ),
+        (
+            [&get[..], &["--credential-stdin=s3cret"]].concat(),
+            "--credential-stdin",
+        ),
+        (
+            [&get[..], &["--credential-stdin=\x1b[31ms3cret"]].concat(),
+            "--credential-stdin",
+        ),
+        (vec!["serve", "--require-scope=s3cret"], "--require-scope"),
+        (vec!["records", "Bearer", "s3cret"], "subcommand"),
+        (vec!["s3cret"], "subcommand"),
+        (
+            vec![
+                "--log-format",
+                "s3cret",
+                "records",
+                "stale",
+                "--store",
+                "memory:",
+            ],
+            "--log-format",
+        ),
+        (
+            vec![
+                "records", "stale", "--store", "memory:", "--limit", "s3cret",
+            ],
+            "--limit",
+        ),
+        (
+            vec!["serve", "--max-connections=s3cret"],
+            "--max-connections",
+        ),
+        (vec!["demo", "--clients", "s3cret"], "--clients"),
+    ];
+    for (args, names) in &cases {
+        let (code, out, err) = idem(args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains(names), "{args:?}: {err}");
+        assert!(
+            !err.contains("s3cret") && !out.contains("s3cret"),
+            "{args:?}: {err}"
+        );
+        assert!(
+            !err.trim_end().chars().any(char::is_control),
+            "{args:?}: {err:?}"
+        );
+    }
+    // clap lists missing arguments after its first line: they are named.
+    let (code, _, err) = idem(&["records", "get", "--credential-stdin"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--store") || err.contains("<KEY>"), "{err}");
 }
 
 /// Help shows which variable a flag reads, never the value it holds.
