@@ -3,7 +3,7 @@
 
 use idem_core::Completion;
 use idem_core::{ClaimRequest, ClaimedAtomically, Fence, RecordId, StoreError};
-use idem_postgres::{PgError, PostgresStore, Transaction};
+use idem_postgres::{GenericClient, PgError, PostgresStore};
 
 use crate::{
     Ledger, LedgerError, Outcome, Transfer, TransferRequest, committed, insufficient, outcome,
@@ -59,8 +59,8 @@ impl PostgresLedger {
     }
 }
 
-async fn apply(
-    tx: &Transaction<'_>,
+async fn apply<C: GenericClient + Sync>(
+    tx: &C,
     s: &str,
     key: &str,
     req: &TransferRequest,

@@ -9,10 +9,13 @@
 //! serves anything else), so a caller that gets an error never has its
 //! mutation committed.
 
+use deadpool_postgres::Client;
 use idem_core::{
     Atomic, BoxFuture, Claim, ClaimRequest, ClaimedAtomically, Completion, Fence, Lease, RecordId,
     Settled, StoreError, Timestamp,
 };
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
 
 use crate::error::{pg_error, pool_error};
 use crate::{PostgresStore, Transaction, complete_with};
@@ -100,6 +103,16 @@ impl PostgresStore {
     /// completion, instead of a claim's commit and then
     /// [`complete_atomically`](Self::complete_atomically)'s.
     ///
+    /// `mutation` gets the pooled connection, already inside the
+    /// transaction: run its statements on it, and do not commit, roll
+    /// back or open another transaction there. The transaction is begun
+    /// in the same round trip as the claim, and the completion is sent
+    /// with the `COMMIT`, so the record costs no round trip beyond the
+    /// mutation's own statements (BENCHMARKS.md, message consumers). A
+    /// completion that changes nothing (a stale fence, which the row lock
+    /// makes impossible) or fails raises an error in the server, which
+    /// turns that `COMMIT` into a rollback.
+    ///
     /// A concurrent claim of the same key (from this method or
     /// [`Store::claim`](idem_core::Store::claim)) waits on the record's row
     /// until this transaction ends, then sees the completed record (or, if
@@ -107,6 +120,10 @@ impl PostgresStore {
     /// nothing of a rolled-back attempt is visible. While the mutation runs
     /// the row is locked, so keep it short (the statement timeout bounds
     /// the wait of a duplicate).
+    ///
+    /// Dropping the returned future before it finishes (or a panic in the
+    /// mutation) closes the connection instead of returning it to the
+    /// pool, and the server rolls the transaction back.
     ///
     /// # Errors
     /// As [`complete_atomically`](Self::complete_atomically); a failure at
@@ -117,96 +134,183 @@ impl PostgresStore {
         mutation: F,
     ) -> Result<ClaimedAtomically<T, E>, StoreError>
     where
-        F: for<'t> FnOnce(&'t Transaction<'t>, Fence) -> BoxFuture<'t, Result<(T, Completion), E>>,
+        F: for<'c> FnOnce(&'c Client, Fence) -> BoxFuture<'c, Result<(T, Completion), E>>,
     {
-        let mut client = self.inner.pool.get().await.map_err(pool_error)?;
-        let tx = client
-            .transaction()
-            .await
-            .map_err(|e| pg_error("beginning an atomic transaction", e))?;
-        let lease = match self.claim_in(&tx, req).await? {
+        let mut held = InTransaction(Some(self.inner.pool.get().await.map_err(pool_error)?));
+        let Some(client) = held.0.as_ref() else {
+            return Err(StoreError::new(
+                idem_core::StoreErrorKind::Backend,
+                "postgres store: the pooled connection went missing",
+            ));
+        };
+        let lease = match self.begin_and_claim(client, req).await? {
             Claim::Acquired(lease) => lease,
             other => {
-                let _ = tx.rollback().await;
+                held.roll_back().await;
                 return Ok(ClaimedAtomically::NotAcquired(other));
             }
         };
         let Some(fence) = lease.fence.to_i64() else {
-            let _ = tx.rollback().await;
+            held.roll_back().await;
             return Ok(ClaimedAtomically::Ran(Atomic::StaleFence));
         };
-        let (value, completion) = match mutation(&tx, lease.fence).await {
+        let (value, completion) = match mutation(client, lease.fence).await {
             Ok(done) => done,
             Err(e) => {
-                let _ = tx.rollback().await;
+                held.roll_back().await;
                 return Ok(ClaimedAtomically::Ran(Atomic::Failed(e)));
             }
         };
-        match complete_with(&tx, &self.inner.sql.complete, &req.id, fence, &completion).await? {
-            Settled::Applied => {}
-            Settled::StaleFence => {
-                let _ = tx.rollback().await;
+        let complete = client
+            .prepare_cached(&self.inner.sql.complete_or_fail)
+            .await
+            .map_err(|e| pg_error("preparing complete", e))?;
+        let headers = completion.response.encode_headers();
+        let status = completion.status().code() as i16;
+        let response_status = i32::from(completion.response.status);
+        let resource_id = completion.resource_id.as_deref();
+        let params: [&(dyn ToSql + Sync); 9] = [
+            &req.id.scope.as_str(),
+            &req.id.operation.as_str(),
+            &req.id.key.as_str(),
+            &fence,
+            &status,
+            &resource_id,
+            &response_status,
+            &headers,
+            &completion.response.body,
+        ];
+        // Pipelined: both are sent before either answer is read. An error
+        // of the completion aborts the transaction, and the COMMIT behind
+        // it then rolls back.
+        let (completed, committed) = futures_util::future::join(
+            client.query_one(&complete, &params),
+            client.batch_execute("COMMIT"),
+        )
+        .await;
+        match completed {
+            Ok(_) => {}
+            Err(e) if e.code() == Some(&SqlState::DIVISION_BY_ZERO) => {
+                held.settle();
                 return Ok(ClaimedAtomically::Ran(Atomic::StaleFence));
             }
+            Err(e) => return Err(pg_error("completing", e)),
         }
-        tx.commit()
-            .await
-            .map_err(|e| pg_error("committing an atomic transaction", e))?;
+        committed.map_err(|e| pg_error("committing an atomic transaction", e))?;
+        held.settle();
         Ok(ClaimedAtomically::Ran(Atomic::Committed(value)))
     }
-}
 
-impl PostgresStore {
-    /// Claims `req` inside `tx`. A key with no record (the common case: a
-    /// new message) is claimed by a plain insert; a key with a record goes
-    /// through `idem_claim`, which judges it as [`Store::claim`] does. Both
-    /// are the state machine's "no record: acquire" row; the insert only
-    /// skips the PL/pgSQL call and its lookup, which cost a PostgreSQL
-    /// consumer a fifth of its throughput (BENCHMARKS.md, issue 14).
-    ///
-    /// [`Store::claim`]: idem_core::Store::claim
-    async fn claim_in(
+    /// Begins a transaction on `client` and claims `req` in it, in one
+    /// round trip for a key with no record (see [`claim_in`](Self::claim_in)).
+    async fn begin_and_claim(
         &self,
-        tx: &Transaction<'_>,
+        client: &Client,
         req: &ClaimRequest,
     ) -> Result<Claim, StoreError> {
-        let lease = crate::row::millis(req.lease);
-        let ttl = crate::row::millis(req.ttl);
-        let now = req.now.as_millis();
-        let (scope, operation, key) = (
-            req.id.scope.as_str(),
-            req.id.operation.as_str(),
-            req.id.key.as_str(),
-        );
-        let fingerprint = req.fingerprint.as_bytes();
-        let insert = tx
+        let insert = client
             .prepare_cached(&self.inner.sql.claim_new)
             .await
             .map_err(|e| pg_error("preparing claim", e))?;
-        let inserted = tx
-            .query_opt(
+        let (scope, operation, key, fingerprint, now, lease, ttl) = claim_params(req);
+        // Pipelined: BEGIN is sent first, then the insert; both are sent
+        // before either answer is read.
+        let (begun, inserted) = futures_util::future::join(
+            client.batch_execute("BEGIN"),
+            client.query_opt(
                 &insert,
                 &[&scope, &operation, &key, &fingerprint, &now, &lease, &ttl],
-            )
-            .await
-            .map_err(|e| pg_error("claiming", e))?;
-        if let Some(row) = inserted {
-            let read = |i| {
-                row.try_get::<_, i64>(i)
-                    .map_err(|e| pg_error("reading the claim", e))
-            };
-            return Ok(Claim::Acquired(Lease {
-                fence: crate::row::fence_from(read(0)?)?,
-                lease_until: Timestamp::from_millis(read(1)?),
-                expires_at: Timestamp::from_millis(read(2)?),
-                takeover: false,
-            }));
+            ),
+        )
+        .await;
+        begun.map_err(|e| pg_error("beginning an atomic transaction", e))?;
+        let inserted = inserted.map_err(|e| pg_error("claiming", e))?;
+        match inserted {
+            Some(row) => acquired_from_insert(&row),
+            None => self.judge(client, req).await,
         }
-        let judge = tx
+    }
+}
+
+/// A pooled connection inside a transaction begun without
+/// tokio-postgres's `Transaction` (so that `BEGIN` can share a round trip
+/// with the claim). Unless settled, dropping it takes the connection out
+/// of the pool and closes it, and the server rolls the transaction back:
+/// a connection is never handed to another caller inside a transaction.
+struct InTransaction(Option<Client>);
+
+impl InTransaction {
+    /// The transaction ended (committed or rolled back): the connection
+    /// goes back to the pool.
+    fn settle(&mut self) {
+        drop(self.0.take());
+    }
+
+    /// Rolls back, then settles; a failed rollback leaves the connection to
+    /// be closed on drop.
+    async fn roll_back(&mut self) {
+        let Some(client) = self.0.as_ref() else {
+            return;
+        };
+        if client.batch_execute("ROLLBACK").await.is_ok() {
+            self.settle();
+        }
+    }
+}
+
+impl Drop for InTransaction {
+    fn drop(&mut self) {
+        if let Some(client) = self.0.take() {
+            drop(deadpool_postgres::Object::take(client));
+        }
+    }
+}
+
+/// The claim's parameters, in the order of the claim statements.
+fn claim_params(req: &ClaimRequest) -> (&str, &str, &str, &[u8], i64, i64, i64) {
+    (
+        req.id.scope.as_str(),
+        req.id.operation.as_str(),
+        req.id.key.as_str(),
+        req.fingerprint.as_bytes(),
+        req.now.as_millis(),
+        crate::row::millis(req.lease),
+        crate::row::millis(req.ttl),
+    )
+}
+
+/// The lease of a claim made by the plain insert (`RETURNING fence,
+/// lease_until, expires_at`).
+fn acquired_from_insert(row: &tokio_postgres::Row) -> Result<Claim, StoreError> {
+    let read = |i| {
+        row.try_get::<_, i64>(i)
+            .map_err(|e| pg_error("reading the claim", e))
+    };
+    Ok(Claim::Acquired(Lease {
+        fence: crate::row::fence_from(read(0)?)?,
+        lease_until: Timestamp::from_millis(read(1)?),
+        expires_at: Timestamp::from_millis(read(2)?),
+        takeover: false,
+    }))
+}
+
+impl PostgresStore {
+    /// Judges a claim of a key that has a record, through `idem_claim`, as
+    /// [`Store::claim`] does. [`begin_and_claim`](Self::begin_and_claim)
+    /// claims a key with no record (the common case: a new message) by a
+    /// plain insert and comes here only when the insert found a row; both
+    /// are the state machine's "no record: acquire" for a new key. The
+    /// insert skips the PL/pgSQL call and its lookup (BENCHMARKS.md,
+    /// message consumers).
+    ///
+    /// [`Store::claim`]: idem_core::Store::claim
+    async fn judge(&self, client: &Client, req: &ClaimRequest) -> Result<Claim, StoreError> {
+        let (scope, operation, key, fingerprint, now, lease, ttl) = claim_params(req);
+        let judge = client
             .prepare_cached(&self.inner.sql.claim)
             .await
             .map_err(|e| pg_error("preparing claim", e))?;
-        let row = tx
+        let row = client
             .query_one(
                 &judge,
                 &[&scope, &operation, &key, &fingerprint, &now, &lease, &ttl],

@@ -92,7 +92,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use deadpool_postgres::{GenericClient, Object, Pool};
+use deadpool_postgres::{Object, Pool};
 use idem_core::{
     BoxFuture, Claim, ClaimRequest, Completion, Fence, Key, Record, RecordId, Scope, Settled,
     StaleCursor, Store, StoreError, Timestamp,
@@ -107,7 +107,7 @@ mod schema;
 mod tls;
 
 pub use builder::PostgresStoreBuilder;
-pub use deadpool_postgres::Transaction;
+pub use deadpool_postgres::{Client, GenericClient, Transaction};
 use error::{pg_error, pool_error};
 pub use idem_core::Atomic;
 use row::millis;

@@ -191,6 +191,10 @@ pub(crate) struct Statements {
     pub(crate) claim_new: String,
     /// Stores a completion if the fence still holds the record.
     pub(crate) complete: String,
+    /// [`complete`](Self::complete), raising division by zero (SQLSTATE
+    /// 22012) when it changes no record, so that a `COMMIT` pipelined
+    /// behind it rolls back (one-commit mode).
+    pub(crate) complete_or_fail: String,
     /// Deletes the record if the fence still holds it.
     pub(crate) release: String,
     /// The live record with an id ([`COLUMNS`]).
@@ -209,6 +213,11 @@ pub(crate) struct Statements {
 impl Statements {
     /// The statements for the tables in schema `s`.
     pub(crate) fn new(s: &str) -> Statements {
+        let complete = format!(
+            "UPDATE {s}.idem_records SET status = $5, resource_id = $6, response_status = $7, \
+             response_headers = $8, response_body = $9, lease_until = NULL \
+             WHERE scope = $1 AND operation = $2 AND key = $3 AND fence = $4 AND status = 0"
+        );
         Statements {
             claim: format!("SELECT * FROM {s}.idem_claim($1, $2, $3, $4, $5, $6, $7)"),
             claim_new: format!(
@@ -217,11 +226,10 @@ impl Statements {
                  VALUES ($1::text, $2::text, $3::text, $4::bytea, 0, nextval('{s}.idem_fence'), $5::bigint, $5::bigint + $6::bigint, $5::bigint + $7::bigint) \
                  ON CONFLICT DO NOTHING RETURNING fence, lease_until, expires_at"
             ),
-            complete: format!(
-                "UPDATE {s}.idem_records SET status = $5, resource_id = $6, response_status = $7, \
-                 response_headers = $8, response_body = $9, lease_until = NULL \
-                 WHERE scope = $1 AND operation = $2 AND key = $3 AND fence = $4 AND status = 0"
+            complete_or_fail: format!(
+                "WITH done AS ({complete} RETURNING 1) SELECT 1 / count(*) FROM done"
             ),
+            complete,
             release: format!(
                 "DELETE FROM {s}.idem_records \
                  WHERE scope = $1 AND operation = $2 AND key = $3 AND fence = $4 AND status = 0"

@@ -249,8 +249,8 @@ mod atomic_mode {
     }
 
     /// The mutation a [`Plan`] describes, in the store's transaction.
-    async fn transfer(
-        tx: &crate::Transaction<'_>,
+    async fn transfer<C: crate::GenericClient + Sync>(
+        tx: &C,
         schema: &str,
         key: &str,
         plan: Plan,

@@ -326,3 +326,47 @@ fn race(slow: bool) {
         let _ = store.drop_schema().await;
     });
 }
+
+/// A one-commit call dropped while its mutation runs (a caller's timeout,
+/// a cancelled task) rolls back: its connection is closed, never returned
+/// to the pool inside the transaction, and the key runs once afterwards.
+/// Ten times over a pool of four, and the pool still serves.
+#[test]
+fn a_dropped_one_commit_call_rolls_back_and_the_pool_serves_on() {
+    let Some(url) = url() else { return };
+    idem_testkit::runtime().block_on(async {
+        let store = fresh(&url, 4).await;
+        for round in 0..10 {
+            let id = unique_id(&format!("dropped-call-{round:04}"));
+            let req = request(&id, "{}", t0());
+            let s = store.schema().to_owned();
+            let (key, scope) = (id.key.as_str().to_owned(), id.scope.as_str().to_owned());
+            let inserted = Arc::new(tokio::sync::Notify::new());
+            let said = inserted.clone();
+            let call = store.claim_and_complete_atomically(&req, move |c, _fence| {
+                Box::pin(async move {
+                    c.execute(
+                        &format!("INSERT INTO {s}.transfers (idem_key, scope) VALUES ($1, $2)"),
+                        &[&key, &scope],
+                    )
+                    .await
+                    .map_err(|e| e.to_string())?;
+                    said.notify_one();
+                    std::future::pending::<Result<((), Completion), String>>().await
+                })
+            });
+            tokio::select! {
+                out = call => panic!("round {round}: the hanging call finished: {out:?}"),
+                () = inserted.notified() => {}
+            }
+            // The call is dropped here, inside its transaction.
+            let again = one_commit(&store, &req, false, false).await;
+            assert!(
+                matches!(again, ClaimedAtomically::Ran(Atomic::Committed(_))),
+                "round {round}: {again:?}"
+            );
+            assert_eq!(rows(&store, &id).await, 1, "round {round}");
+        }
+        let _ = store.drop_schema().await;
+    });
+}

@@ -316,6 +316,43 @@ pub fn a_failing_completion_commits_nothing<H: AtomicHarness>() {
             let rec = store.get(id, t0()).await.unwrap().unwrap();
             assert_eq!(rec.status, Status::Completed);
         }
+
+        // In one commit, a refused completion leaves nothing, the claim
+        // included, and whatever connection or writer it used serves the
+        // calls after it.
+        use idem_core::ClaimedAtomically::Ran;
+        let id = unique_id("fail-one-commit1");
+        let req = request(&id, "{}", t0());
+        let err = match h
+            .claim_and_complete_atomically(&store, &req, Plan::RefusedCompletion)
+            .await
+        {
+            Err(e) => e,
+            Ok(out) => panic!("a refused completion in one commit answered {out:?}"),
+        };
+        assert!(format!("{err:?}").contains(REFUSAL), "{err:?}");
+        assert_eq!(
+            h.rows(id.key.as_str()).await,
+            0,
+            "the mutation was rolled back"
+        );
+        assert!(
+            store.get(&id, t0()).await.unwrap().is_none(),
+            "the claim too"
+        );
+        for i in 0..24 {
+            let id = if i == 0 {
+                id.clone()
+            } else {
+                unique_id(&format!("fail-one-after{i:02}"))
+            };
+            let out = h
+                .claim_and_complete_atomically(&store, &request(&id, "{}", t0()), Plan::Transfer)
+                .await
+                .unwrap();
+            assert!(matches!(out, Ran(Atomic::Committed(_))), "{i}: {out:?}");
+            assert_eq!(h.rows(id.key.as_str()).await, 1, "{i}");
+        }
     });
 }
 
