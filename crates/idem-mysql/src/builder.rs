@@ -1,0 +1,142 @@
+//! Options for connecting a store, and connecting it: the pool, the
+//! migration, the statements.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::{StoreError, StoreErrorKind};
+use mysql_async::{Opts, OptsBuilder, Pool, PoolConstraints, PoolOpts};
+
+use crate::error::my_error;
+use crate::schema::{self, Statements};
+use crate::{Inner, MysqlStore};
+
+/// Options for connecting a store.
+#[derive(Clone)]
+pub struct MysqlStoreBuilder {
+    url: String,
+    database: String,
+    pool_size: usize,
+    wait: Duration,
+    lock_wait: Duration,
+}
+
+/// Without the URL, which may hold a password.
+impl std::fmt::Debug for MysqlStoreBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MysqlStoreBuilder")
+            .field("database", &self.database)
+            .field("pool_size", &self.pool_size)
+            .field("wait", &self.wait)
+            .field("lock_wait", &self.lock_wait)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MysqlStoreBuilder {
+    /// The default options for `url`.
+    pub(crate) fn new(url: String) -> MysqlStoreBuilder {
+        MysqlStoreBuilder {
+            url,
+            database: "idem".into(),
+            pool_size: 16,
+            wait: Duration::from_secs(5),
+            lock_wait: Duration::from_secs(5),
+        }
+    }
+
+    /// The database holding idem's tables, created if missing. Default
+    /// `idem`. Lower-case letters, digits and `_` only.
+    pub fn database(mut self, database: impl Into<String>) -> Self {
+        self.database = database.into();
+        self
+    }
+
+    /// Connections in the pool. Default 16.
+    pub fn pool_size(mut self, n: usize) -> Self {
+        self.pool_size = n.max(1);
+        self
+    }
+
+    /// How long a call waits for a pooled connection before it fails with
+    /// `Unavailable`. Default 5 s.
+    pub fn connect_timeout(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// How long a statement waits for a row another session locked
+    /// (`innodb_lock_wait_timeout`, whole seconds, at least 1) before it
+    /// fails with `Unavailable`. Default 5 s.
+    pub fn lock_wait_timeout(mut self, wait: Duration) -> Self {
+        self.lock_wait = wait;
+        self
+    }
+
+    /// Checks the URL and the database name as [`connect`](Self::connect)
+    /// reads them, without connecting. The message names what is wrong,
+    /// never the URL.
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::Setup`] for a URL or database name that cannot be used.
+    pub fn check(&self) -> Result<(), StoreError> {
+        self.opts().map(|_| ())
+    }
+
+    fn opts(&self) -> Result<Opts, StoreError> {
+        if !schema::valid_database_name(&self.database) {
+            return Err(StoreError::new(
+                StoreErrorKind::Setup,
+                "mysql store: the database name must be lower-case letters, digits and _ (at most 64)",
+            ));
+        }
+        let opts = Opts::from_url(&self.url).map_err(|_| {
+            StoreError::new(
+                StoreErrorKind::Setup,
+                "mysql store: the URL does not parse (mysql://USER[:PASSWORD]@HOST[:PORT]/DB)",
+            )
+        })?;
+        let constraints = PoolConstraints::new(0, self.pool_size).ok_or_else(|| {
+            StoreError::new(StoreErrorKind::Setup, "mysql store: pool size out of range")
+        })?;
+        let lock_wait = self.lock_wait.as_secs().max(1);
+        Ok(OptsBuilder::from_opts(opts)
+            .pool_opts(PoolOpts::default().with_constraints(constraints))
+            // Read committed: a claim's lookup of a missing key takes no gap
+            // lock, so claims of new keys never deadlock on each other's gaps.
+            .init(vec![
+                "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED".to_owned(),
+                format!("SET SESSION innodb_lock_wait_timeout = {lock_wait}"),
+            ])
+            .into())
+    }
+
+    /// Connects, creates the database and migrates it.
+    ///
+    /// # Errors
+    /// [`StoreErrorKind::Setup`] for a bad URL or database name or a schema
+    /// newer than this code; [`StoreErrorKind::Unavailable`] when the server
+    /// cannot be reached in time.
+    pub async fn connect(self) -> Result<MysqlStore, StoreError> {
+        let pool = Pool::new(self.opts()?);
+        let mut conn = tokio::time::timeout(self.wait, pool.get_conn())
+            .await
+            .map_err(|_| {
+                StoreError::new(
+                    StoreErrorKind::Unavailable,
+                    "mysql store: no connection in time",
+                )
+            })?
+            .map_err(|e| my_error("connecting", e))?;
+        schema::migrate(&mut conn, &self.database).await?;
+        drop(conn);
+        Ok(MysqlStore {
+            inner: Arc::new(Inner {
+                pool,
+                wait: self.wait,
+                sql: Statements::new(&self.database),
+                database: self.database,
+            }),
+        })
+    }
+}

@@ -1,0 +1,301 @@
+//! The tables, the claim procedure, their migrations and the statements
+//! the store runs. `{d}` stands for the database holding idem's tables.
+
+use mysql_async::Conn;
+use mysql_async::prelude::Queryable;
+
+use idem_core::{StoreError, StoreErrorKind};
+
+use crate::error::my_error;
+
+/// The migrations, in order; each is a list of statements (DDL commits
+/// implicitly in MySQL, so each statement is written to be re-run safely
+/// after a crash between two of them).
+const MIGRATIONS: &[&[&str]] = &[
+    // 1: records, and the claim procedure.
+    &[
+        r#"CREATE TABLE IF NOT EXISTS {d}.idem_records (
+    fence            BIGINT         NOT NULL AUTO_INCREMENT,
+    scope            VARBINARY(512) NOT NULL,
+    operation        VARBINARY(1024) NOT NULL,
+    record_key       VARBINARY(255) NOT NULL,
+    fingerprint      VARBINARY(64)  NOT NULL,
+    status           TINYINT        NOT NULL,
+    created_at       BIGINT         NOT NULL,
+    lease_until      BIGINT         NULL,
+    expires_at       BIGINT         NOT NULL,
+    resource_id      BLOB           NULL,
+    response_status  INT            NULL,
+    response_headers LONGBLOB       NULL,
+    response_body    LONGBLOB       NULL,
+    PRIMARY KEY (scope, operation, record_key),
+    UNIQUE KEY idem_records_fence (fence),
+    KEY idem_records_expires_at (expires_at),
+    KEY idem_records_stale (status, lease_until),
+    KEY idem_records_scope_key (scope, record_key)
+) ENGINE = InnoDB"#,
+        "DROP PROCEDURE IF EXISTS {d}.idem_claim",
+        "{claim_procedure}",
+        "DROP PROCEDURE IF EXISTS {d}.idem_claim_in_tx",
+        "{claim_in_tx_procedure}",
+    ],
+];
+
+/// The claim procedure: docs/contract.md, *Records and their state
+/// machine*, in one round trip. Outcomes as `idem_core::ClaimCode`:
+/// 0 acquired, 1 in flight, 2 replay, 3 mismatch, 4 acquired by takeover.
+/// Fences come from the records table's AUTO_INCREMENT, so a new or
+/// taken-over record gets a new one (delete and insert) and they grow
+/// across every claim.
+///
+/// `idem_claim` runs in a transaction of its own (`Store::claim`). After
+/// losing an insert race it starts over in a new transaction: the
+/// duplicate-key check left a shared lock on the winner's row, which two
+/// losers could not both upgrade. `idem_claim_in_tx` runs in the caller's
+/// transaction (one-commit mode) and cannot let go of that lock: a loser
+/// may be chosen as a deadlock victim, before anything else ran in its
+/// transaction, and the store runs it again.
+fn claim_procedure(name: &str, own_transaction: bool) -> String {
+    let (begin, commit, rollback, start_over) = if own_transaction {
+        (
+            "START TRANSACTION;",
+            "COMMIT;",
+            "ROLLBACK;",
+            "ROLLBACK; START TRANSACTION;",
+        )
+    } else {
+        ("", "", "", "")
+    };
+    CLAIM_PROCEDURE
+        .replace("{name}", name)
+        .replace("{begin}", begin)
+        .replace("{commit}", commit)
+        .replace("{rollback}", rollback)
+        .replace("{start_over}", start_over)
+}
+
+const CLAIM_PROCEDURE: &str = r#"CREATE PROCEDURE {d}.{name}(
+    IN p_scope VARBINARY(512), IN p_operation VARBINARY(1024), IN p_key VARBINARY(255),
+    IN p_fingerprint VARBINARY(64), IN p_now BIGINT, IN p_lease BIGINT, IN p_ttl BIGINT)
+BEGIN
+    DECLARE v_found TINYINT DEFAULT 0;
+    DECLARE v_fingerprint VARBINARY(64);
+    DECLARE v_status TINYINT;
+    DECLARE v_fence BIGINT;
+    DECLARE v_created_at BIGINT;
+    DECLARE v_lease_until BIGINT;
+    DECLARE v_expires_at BIGINT;
+    DECLARE v_taken TINYINT DEFAULT 0;
+    DECLARE v_duplicate TINYINT DEFAULT 0;
+    DECLARE CONTINUE HANDLER FOR 1062 SET v_duplicate = 1;
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN {rollback} RESIGNAL; END;
+    {begin}
+    claim: LOOP
+        SET v_found = 0;
+        SELECT 1, fingerprint, status, fence, created_at, lease_until, expires_at
+          INTO v_found, v_fingerprint, v_status, v_fence, v_created_at, v_lease_until, v_expires_at
+          FROM {d}.idem_records
+         WHERE scope = p_scope AND operation = p_operation AND record_key = p_key
+           FOR UPDATE;
+        IF v_found = 0 THEN
+            SET v_duplicate = 0;
+            INSERT INTO {d}.idem_records
+                   (scope, operation, record_key, fingerprint, status, created_at, lease_until, expires_at)
+            VALUES (p_scope, p_operation, p_key, p_fingerprint, 0, p_now, p_now + p_lease, p_now + p_ttl);
+            IF v_duplicate = 0 THEN
+                SET v_fence = LAST_INSERT_ID();
+                {commit}
+                SELECT 0, v_fence, p_now, p_now + p_lease, p_now + p_ttl, 0,
+                       NULL, NULL, NULL, NULL;
+                LEAVE claim;
+            END IF;
+            -- Another claim inserted it first: lock and judge its record.
+            {start_over}
+            ITERATE claim;
+        END IF;
+        IF v_expires_at > p_now THEN
+            IF v_fingerprint <> p_fingerprint THEN
+                {commit}
+                SELECT 3, v_fence, v_created_at, v_lease_until, v_expires_at, v_status,
+                       NULL, NULL, NULL, NULL;
+                LEAVE claim;
+            END IF;
+            IF v_status <> 0 THEN
+                SELECT 2, fence, created_at, lease_until, expires_at, status,
+                       resource_id, response_status, response_headers, response_body
+                  FROM {d}.idem_records
+                 WHERE scope = p_scope AND operation = p_operation AND record_key = p_key;
+                {commit}
+                LEAVE claim;
+            END IF;
+            IF v_lease_until > p_now THEN
+                {commit}
+                SELECT 1, v_fence, v_created_at, v_lease_until, v_expires_at, v_status,
+                       NULL, NULL, NULL, NULL;
+                LEAVE claim;
+            END IF;
+            SET v_taken = 1;
+        END IF;
+        DELETE FROM {d}.idem_records
+         WHERE scope = p_scope AND operation = p_operation AND record_key = p_key;
+        INSERT INTO {d}.idem_records
+               (scope, operation, record_key, fingerprint, status, created_at, lease_until, expires_at)
+        VALUES (p_scope, p_operation, p_key, p_fingerprint, 0, p_now, p_now + p_lease, p_now + p_ttl);
+        SET v_fence = LAST_INSERT_ID();
+        {commit}
+        SELECT IF(v_taken = 1, 4, 0), v_fence, p_now, p_now + p_lease, p_now + p_ttl, 0,
+               NULL, NULL, NULL, NULL;
+        LEAVE claim;
+    END LOOP;
+END"#;
+
+/// The newest schema version this code knows.
+pub(crate) const VERSION: i32 = MIGRATIONS.len() as i32;
+
+/// The columns a record is read from, in [`crate::row`]'s order.
+pub(crate) const COLUMNS: &str = "fingerprint, status, fence, created_at, lease_until, expires_at, \
+     resource_id, response_status, response_headers, response_body";
+
+/// Whether `name` is a plain lower-case identifier (so it can be spliced
+/// into SQL without quoting).
+pub(crate) fn valid_database_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+}
+
+/// Creates the database if needed and applies missing migrations, under a
+/// named lock so that instances starting together migrate once.
+pub(crate) async fn migrate(conn: &mut Conn, database: &str) -> Result<(), StoreError> {
+    conn.query_drop(format!("CREATE DATABASE IF NOT EXISTS {database}"))
+        .await
+        .map_err(|e| my_error("creating the database", e))?;
+    let lock = format!("idem-migrate-{database}");
+    let locked: Option<i64> = conn
+        .exec_first("SELECT GET_LOCK(?, 60)", (lock.as_str(),))
+        .await
+        .map_err(|e| my_error("taking the migration lock", e))?;
+    if locked != Some(1) {
+        return Err(StoreError::new(
+            StoreErrorKind::Unavailable,
+            "mysql store: another instance held the migration lock for 60 s",
+        ));
+    }
+    let applied = apply(conn, database).await;
+    let released = conn
+        .exec_drop("SELECT RELEASE_LOCK(?)", (lock.as_str(),))
+        .await
+        .map_err(|e| my_error("releasing the migration lock", e));
+    applied.and(released)
+}
+
+async fn apply(conn: &mut Conn, database: &str) -> Result<(), StoreError> {
+    conn.query_drop(format!(
+        "CREATE TABLE IF NOT EXISTS {database}.idem_migrations (
+             version INT PRIMARY KEY,
+             applied_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)) ENGINE = InnoDB"
+    ))
+    .await
+    .map_err(|e| my_error("creating the migrations table", e))?;
+    let current: Option<i32> = conn
+        .query_first(format!(
+            "SELECT COALESCE(MAX(version), 0) FROM {database}.idem_migrations"
+        ))
+        .await
+        .map_err(|e| my_error("reading the schema version", e))?;
+    let current = current.unwrap_or(0);
+    if current > VERSION {
+        return Err(StoreError::new(
+            StoreErrorKind::Setup,
+            format!(
+                "mysql store: database {database} is at schema version {current}, newer than this idem ({VERSION})"
+            ),
+        ));
+    }
+    for (i, statements) in MIGRATIONS.iter().enumerate().skip(current.max(0) as usize) {
+        for sql in *statements {
+            let sql = sql
+                .replace("{claim_procedure}", &claim_procedure("idem_claim", true))
+                .replace(
+                    "{claim_in_tx_procedure}",
+                    &claim_procedure("idem_claim_in_tx", false),
+                )
+                .replace("{d}", database);
+            conn.query_drop(sql)
+                .await
+                .map_err(|e| my_error("applying a migration", e))?;
+        }
+        conn.exec_drop(
+            format!("INSERT INTO {database}.idem_migrations (version) VALUES (?)"),
+            (i as i32 + 1,),
+        )
+        .await
+        .map_err(|e| my_error("recording a migration", e))?;
+    }
+    Ok(())
+}
+
+/// The text of every statement the store runs, with the database name in
+/// it. mysql_async caches each prepared statement per connection.
+#[derive(Debug)]
+pub(crate) struct Statements {
+    /// Calls `idem_claim`: the whole claim in one round trip.
+    pub(crate) claim: String,
+    /// Calls `idem_claim_in_tx`: the claim in the caller's transaction.
+    pub(crate) claim_in_tx: String,
+    /// Stores a completion if the fence still holds the record.
+    pub(crate) complete: String,
+    /// Deletes the record if the fence still holds it.
+    pub(crate) release: String,
+    /// The live record with an id ([`COLUMNS`]).
+    pub(crate) get: String,
+    /// Locks the record if the fence still holds it (atomic mode).
+    pub(crate) lock: String,
+    /// Deletes a bounded batch of expired records.
+    pub(crate) purge: String,
+    /// A page of stale records ([`COLUMNS`], then scope, operation, key).
+    pub(crate) stale: String,
+    /// The live records of a (scope, key), newest first ([`COLUMNS`], then
+    /// operation).
+    pub(crate) by_key: String,
+}
+
+impl Statements {
+    /// The statements for the tables in database `d`.
+    pub(crate) fn new(d: &str) -> Statements {
+        let id = "scope = ? AND operation = ? AND record_key = ?";
+        Statements {
+            claim: format!("CALL {d}.idem_claim(?, ?, ?, ?, ?, ?, ?)"),
+            claim_in_tx: format!("CALL {d}.idem_claim_in_tx(?, ?, ?, ?, ?, ?, ?)"),
+            complete: format!(
+                "UPDATE {d}.idem_records SET status = ?, resource_id = ?, response_status = ?, \
+                 response_headers = ?, response_body = ?, lease_until = NULL \
+                 WHERE {id} AND fence = ? AND status = 0"
+            ),
+            release: format!(
+                "DELETE FROM {d}.idem_records WHERE {id} AND fence = ? AND status = 0"
+            ),
+            get: format!("SELECT {COLUMNS} FROM {d}.idem_records WHERE {id} AND expires_at > ?"),
+            lock: format!(
+                "SELECT 1 FROM {d}.idem_records WHERE {id} AND fence = ? AND status = 0 FOR UPDATE"
+            ),
+            purge: format!(
+                "DELETE FROM {d}.idem_records WHERE expires_at <= ? ORDER BY expires_at LIMIT ?"
+            ),
+            stale: format!(
+                "SELECT {COLUMNS}, scope, operation, record_key FROM {d}.idem_records \
+                 WHERE status = 0 AND lease_until <= ? AND expires_at > ? \
+                 AND (lease_until, scope, operation, record_key) > (?, ?, ?, ?) \
+                 ORDER BY lease_until, scope, operation, record_key LIMIT ?"
+            ),
+            by_key: format!(
+                "SELECT {COLUMNS}, operation FROM {d}.idem_records \
+                 WHERE scope = ? AND record_key = ? AND expires_at > ? \
+                 ORDER BY created_at DESC, operation DESC LIMIT ?"
+            ),
+        }
+    }
+}

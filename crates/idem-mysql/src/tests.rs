@@ -1,0 +1,306 @@
+//! Tests against the MySQL or MariaDB named by `IDEM_TEST_MYSQL_URL`; each
+//! test gets a database of its own, dropped afterwards.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use idem_testkit::{CleanupOnDrop, Guarded};
+
+use super::*;
+
+pub(crate) fn url() -> Option<String> {
+    idem_testkit::backend_url("IDEM_TEST_MYSQL_URL", "MySQL")
+}
+
+pub(crate) fn database_name(tag: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "idem_t_{tag}_{}_{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+async fn fresh(url: &str) -> Guarded<MysqlStore> {
+    let store = MysqlStore::builder(url)
+        .database(database_name("c"))
+        .pool_size(8)
+        .connect()
+        .await
+        .expect("connect to test mysql");
+    let dropper = store.clone();
+    Guarded::new(
+        store,
+        CleanupOnDrop::new(move || async move {
+            let _ = dropper.drop_database().await;
+        }),
+    )
+}
+
+/// The conformance suite, each check on its own database.
+mod conformance {
+    use super::*;
+
+    idem_testkit::conformance_tests!(optional async {
+        match url() {
+            Some(u) => Some(fresh(&u).await),
+            None => None,
+        }
+    });
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    idem_testkit::runtime()
+}
+
+/// Two pools, as two instances would have, 64 tasks split across them
+/// claiming one key: exactly one acquires.
+#[test]
+fn cross_instance_race_has_one_winner() {
+    let Some(url) = url() else { return };
+    rt().block_on(async {
+        let a = fresh(&url).await;
+        let b = MysqlStore::builder(&url)
+            .database(a.store().database())
+            .pool_size(8)
+            .connect()
+            .await
+            .unwrap();
+        idem_testkit::race_one_key_across(&[Arc::new(a.store().clone()), Arc::new(b)], 64).await;
+    });
+}
+
+/// Several instances migrating one new database at the same moment: all
+/// succeed, and each migration is recorded once.
+#[test]
+fn concurrent_first_connects_migrate_once() {
+    let Some(url) = url() else { return };
+    rt().block_on(async {
+        let database = database_name("m");
+        let connects: Vec<_> = (0..6)
+            .map(|_| {
+                let (url, database) = (url.clone(), database.clone());
+                tokio::spawn(async move {
+                    MysqlStore::builder(url)
+                        .database(database)
+                        .pool_size(2)
+                        .connect()
+                        .await
+                })
+            })
+            .collect();
+        let mut stores = Vec::new();
+        for c in connects {
+            stores.push(c.await.unwrap().expect("every instance connects"));
+        }
+        let mut conn = stores[0].conn().await.unwrap();
+        let n: Option<i64> = conn
+            .query_first(format!("SELECT COUNT(*) FROM {database}.idem_migrations"))
+            .await
+            .unwrap();
+        assert_eq!(n, Some(i64::from(schema::VERSION)));
+        drop(conn);
+        stores[0].drop_database().await.unwrap();
+    });
+}
+
+/// A bad URL or database name is a setup error that never shows the URL.
+#[test]
+fn bad_settings_are_setup_errors_without_the_url() {
+    for (url, database) in [
+        ("mysql://u:s3cret@h:notaport/db", "idem"),
+        ("postgres://u:s3cret@h/db", "idem"),
+        ("mysql://u:s3cret@h/db", "Idem; DROP"),
+    ] {
+        let e = MysqlStore::builder(url)
+            .database(database)
+            .check()
+            .unwrap_err();
+        assert_eq!(e.kind(), StoreErrorKind::Setup, "{url}");
+        assert!(!e.to_string().contains("s3cret"), "{e}");
+    }
+}
+
+/// The atomic-mode suite (commits, failures, races, SIGKILL inside and
+/// after the transaction) on a database with a `transfers` table.
+mod atomic_mode {
+    use std::ffi::OsString;
+
+    use idem_core::Completion;
+    use idem_testkit::atomic::{AtomicHarness, Outcome, Plan, REFUSAL, REFUSED_RESOURCE_ID};
+    use idem_testkit::response;
+
+    use super::*;
+    use crate::MysqlTransaction;
+
+    idem_testkit::atomic_conformance_tests!(MysqlHarness);
+
+    /// The crash child's server and database.
+    const URL_VAR: &str = "IDEM_CRASH_URL";
+    const DATABASE_VAR: &str = "IDEM_CRASH_DATABASE";
+
+    /// A database with the store's tables and `transfers`, dropped with the
+    /// harness (a crash child's harness drops nothing).
+    struct MysqlHarness {
+        url: String,
+        admin: MysqlStore,
+        _cleanup: Option<CleanupOnDrop>,
+    }
+
+    /// The mutation a [`Plan`] describes, in the store's transaction.
+    async fn transfer(
+        tx: &mut MysqlTransaction,
+        database: &str,
+        key: &str,
+        plan: Plan,
+    ) -> Result<(String, Completion), mysql_async::Error> {
+        tx.exec_drop(
+            format!("INSERT INTO {database}.transfers (idem_key, amount) VALUES (?, 100)"),
+            (key,),
+        )
+        .await?;
+        let row = tx.last_insert_id().unwrap_or_default().to_string();
+        let mut resource_id = row.clone();
+        match plan {
+            Plan::Transfer => {}
+            Plan::FailAfterInsert => {
+                tx.query_drop(format!("SELECT * FROM {database}.no_such_table"))
+                    .await?;
+            }
+            Plan::RefusedCompletion => resource_id = REFUSED_RESOURCE_ID.to_owned(),
+            Plan::HangBeforeCommit => {
+                idem_testkit::crash::say_ready();
+                std::future::pending::<()>().await;
+            }
+        }
+        let c = Completion::completed(response(201, &format!("transfer {row}")))
+            .with_resource_id(resource_id);
+        Ok((row, c))
+    }
+
+    impl AtomicHarness for MysqlHarness {
+        type Store = MysqlStore;
+
+        async fn prepare() -> Option<Self> {
+            let url = url()?;
+            let admin = MysqlStore::builder(&url)
+                .database(database_name("a"))
+                .pool_size(2)
+                .connect()
+                .await
+                .expect("connect to test mysql");
+            let dropper = admin.clone();
+            let cleanup = CleanupOnDrop::new(move || async move {
+                let _ = dropper.drop_database().await;
+            });
+            let mut conn = admin.conn().await.unwrap();
+            conn.query_drop(format!(
+                "CREATE TABLE {}.transfers (id BIGINT AUTO_INCREMENT PRIMARY KEY, \
+                 idem_key VARBINARY(255) NOT NULL, amount BIGINT NOT NULL) ENGINE = InnoDB",
+                admin.database()
+            ))
+            .await
+            .unwrap();
+            drop(conn);
+            Some(MysqlHarness {
+                url,
+                admin,
+                _cleanup: Some(cleanup),
+            })
+        }
+
+        fn crash_env(&self) -> Vec<(&'static str, OsString)> {
+            vec![
+                (URL_VAR, self.url.clone().into()),
+                (DATABASE_VAR, self.admin.database().into()),
+            ]
+        }
+
+        async fn from_crash_env() -> Self {
+            let (Ok(url), Ok(database)) = (std::env::var(URL_VAR), std::env::var(DATABASE_VAR))
+            else {
+                panic!("the crash child needs {URL_VAR} and {DATABASE_VAR}");
+            };
+            let admin = MysqlStore::builder(&url)
+                .database(database)
+                .pool_size(2)
+                .connect()
+                .await
+                .unwrap();
+            MysqlHarness {
+                url,
+                admin,
+                _cleanup: None,
+            }
+        }
+
+        /// One connection: every call after a failed one reuses it.
+        async fn connect(&self) -> MysqlStore {
+            MysqlStore::builder(&self.url)
+                .database(self.admin.database())
+                .pool_size(1)
+                .connect()
+                .await
+                .unwrap()
+        }
+
+        async fn complete_atomically(
+            &self,
+            store: &MysqlStore,
+            id: &RecordId,
+            fence: Fence,
+            plan: Plan,
+        ) -> Outcome {
+            let database = store.database().to_owned();
+            let key = id.key.as_str().to_owned();
+            let out = store
+                .complete_atomically(id, fence, move |tx| {
+                    Box::pin(async move { transfer(tx, &database, &key, plan).await })
+                })
+                .await?;
+            Ok(out.map_failed(|e| e.to_string()))
+        }
+
+        async fn claim_and_complete_atomically(
+            &self,
+            store: &MysqlStore,
+            req: &ClaimRequest,
+            plan: Plan,
+        ) -> Result<idem_core::ClaimedAtomically<String, String>, StoreError> {
+            let database = store.database().to_owned();
+            let key = req.id.key.as_str().to_owned();
+            let out = store
+                .claim_and_complete_atomically(req, move |tx, _fence| {
+                    Box::pin(async move { transfer(tx, &database, &key, plan).await })
+                })
+                .await?;
+            Ok(out.map_failed(|e| e.to_string()))
+        }
+
+        async fn rows(&self, key: &str) -> i64 {
+            let mut conn = self.admin.conn().await.unwrap();
+            let n: Option<i64> = conn
+                .exec_first(
+                    format!(
+                        "SELECT COUNT(*) FROM {}.transfers WHERE idem_key = ?",
+                        self.admin.database()
+                    ),
+                    (key,),
+                )
+                .await
+                .unwrap();
+            n.unwrap_or_default()
+        }
+
+        async fn refuse_completions(&self) {
+            let d = self.admin.database();
+            let mut conn = self.admin.conn().await.unwrap();
+            conn.query_drop(format!(
+                "CREATE TRIGGER {d}.refuse_completion BEFORE UPDATE ON {d}.idem_records \
+                 FOR EACH ROW BEGIN IF NEW.resource_id = '{REFUSED_RESOURCE_ID}' THEN \
+                 SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = '{REFUSAL}'; END IF; END"
+            ))
+            .await
+            .unwrap();
+        }
+    }
+}
