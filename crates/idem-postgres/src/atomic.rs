@@ -2,12 +2,14 @@
 //! PostgreSQL transaction.
 //!
 //! Only the path where the mutation succeeded and the completion was
-//! applied commits. Every error after the transaction began (the record
-//! lock, the completion's UPDATE failing after the mutation ran, a
-//! statement timeout) returns before the commit; the dropped transaction
-//! is rolled back (tokio-postgres sends the ROLLBACK before the connection
-//! serves anything else), so a caller that gets an error never has its
-//! mutation committed.
+//! applied commits. In two-commit mode ([`PostgresStore::complete_atomically`])
+//! every error after the transaction began returns before the commit, and
+//! the dropped `Transaction` is rolled back (tokio-postgres sends the
+//! ROLLBACK before the connection serves anything else). In one-commit
+//! mode ([`PostgresStore::claim_and_complete_atomically`]) the `COMMIT` is
+//! pipelined behind the completion, and the server refuses to run it unless
+//! that completion ran in the same transaction (see there). In both, an
+//! error at the commit itself leaves the outcome unknown.
 
 use deadpool_postgres::Client;
 use idem_core::{
@@ -106,12 +108,20 @@ impl PostgresStore {
     /// `mutation` gets the pooled connection, already inside the
     /// transaction: run its statements on it, and do not commit, roll
     /// back or open another transaction there. The transaction is begun
-    /// in the same round trip as the claim, and the completion is sent
-    /// with the `COMMIT`, so the record costs no round trip beyond the
-    /// mutation's own statements (BENCHMARKS.md, message consumers). A
-    /// completion that changes nothing (a stale fence, which the row lock
-    /// makes impossible) or fails raises an error in the server, which
-    /// turns that `COMMIT` into a rollback.
+    /// in the same round trip as the claim of a new key, and the completion
+    /// is sent with the `COMMIT`, so a new key's record adds no round trip
+    /// to the mutation's own statements once the connection has prepared
+    /// them (BENCHMARKS.md, message consumers); a key that has a record
+    /// costs one more, to judge it.
+    ///
+    /// The pipelining is guarded in the server, not by the order of
+    /// answers: the claim inserts only inside the transaction `BEGIN`
+    /// opened (a `BEGIN` that failed leaves nothing behind), and the
+    /// `COMMIT` is preceded, in the same query, by a check that this
+    /// transaction's completion updated the record: a completion that
+    /// failed, changed nothing, or was never sent (an error in the client
+    /// before sending) makes that check fail, and the `COMMIT` does not
+    /// run.
     ///
     /// A concurrent claim of the same key (from this method or
     /// [`Store::claim`](idem_core::Store::claim)) waits on the record's row
@@ -121,9 +131,10 @@ impl PostgresStore {
     /// the row is locked, so keep it short (the statement timeout bounds
     /// the wait of a duplicate).
     ///
-    /// Dropping the returned future before it finishes (or a panic in the
-    /// mutation) closes the connection instead of returning it to the
-    /// pool, and the server rolls the transaction back.
+    /// Dropping the returned future before the `COMMIT` is sent (or a panic
+    /// in the mutation) closes the connection instead of returning it to
+    /// the pool, and the server rolls the transaction back; dropped after
+    /// it was sent, the outcome is unknown, as for any commit.
     ///
     /// # Errors
     /// As [`complete_atomically`](Self::complete_atomically); a failure at
@@ -143,7 +154,14 @@ impl PostgresStore {
                 "postgres store: the pooled connection went missing",
             ));
         };
-        let lease = match self.begin_and_claim(client, req).await? {
+        let claim = match self.begin_and_claim(client, req).await {
+            Ok(claim) => claim,
+            Err(e) => {
+                held.roll_back().await;
+                return Err(e);
+            }
+        };
+        let lease = match claim {
             Claim::Acquired(lease) => lease,
             other => {
                 held.roll_back().await;
@@ -180,29 +198,45 @@ impl PostgresStore {
             &headers,
             &completion.response.body,
         ];
-        // Pipelined: both are sent before either answer is read. An error
-        // of the completion aborts the transaction, and the COMMIT behind
-        // it then rolls back.
+        // Pipelined: both are sent before either answer is read. The
+        // completion marks the transaction with its fence; the COMMIT's
+        // query first checks that mark, so it commits only after this
+        // completion ran in this transaction.
+        let commit = format!(
+            "SELECT 1 / coalesce(current_setting('idem.completed', true) = '{fence}', false)::int; COMMIT"
+        );
         let (completed, committed) = futures_util::future::join(
             client.query_one(&complete, &params),
-            client.batch_execute("COMMIT"),
+            client.batch_execute(&commit),
         )
         .await;
-        match completed {
-            Ok(_) => {}
-            Err(e) if e.code() == Some(&SqlState::DIVISION_BY_ZERO) => {
+        match (completed, committed) {
+            (Ok(_), Ok(())) => {
                 held.settle();
-                return Ok(ClaimedAtomically::Ran(Atomic::StaleFence));
+                Ok(ClaimedAtomically::Ran(Atomic::Committed(value)))
             }
-            Err(e) => return Err(pg_error("completing", e)),
+            // The check refused the COMMIT: nothing was committed.
+            (Err(e), _) if e.code() == Some(&SqlState::DIVISION_BY_ZERO) => {
+                held.roll_back().await;
+                Ok(ClaimedAtomically::Ran(Atomic::StaleFence))
+            }
+            (Err(e), _) => {
+                held.roll_back().await;
+                Err(pg_error("completing", e))
+            }
+            // The completion ran and the COMMIT failed: the outcome is
+            // unknown (a lost connection) or a rollback (a deferred check).
+            (Ok(_), Err(e)) => {
+                held.roll_back().await;
+                Err(pg_error("committing an atomic transaction", e))
+            }
         }
-        committed.map_err(|e| pg_error("committing an atomic transaction", e))?;
-        held.settle();
-        Ok(ClaimedAtomically::Ran(Atomic::Committed(value)))
     }
 
     /// Begins a transaction on `client` and claims `req` in it, in one
-    /// round trip for a key with no record (see [`claim_in`](Self::claim_in)).
+    /// round trip for a key with no record (see [`judge`](Self::judge)).
+    /// The insert runs only inside the transaction `BEGIN` opened (the
+    /// query marks it), so a `BEGIN` that failed leaves no claim behind.
     async fn begin_and_claim(
         &self,
         client: &Client,
@@ -216,7 +250,7 @@ impl PostgresStore {
         // Pipelined: BEGIN is sent first, then the insert; both are sent
         // before either answer is read.
         let (begun, inserted) = futures_util::future::join(
-            client.batch_execute("BEGIN"),
+            client.batch_execute("BEGIN; SET LOCAL idem.in_claim = 'on'"),
             client.query_opt(
                 &insert,
                 &[&scope, &operation, &key, &fingerprint, &now, &lease, &ttl],

@@ -185,15 +185,17 @@ pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<(), Sto
 pub(crate) struct Statements {
     /// Calls `idem_claim`: the whole claim in one round trip.
     pub(crate) claim: String,
-    /// Inserts an in-progress record for a key that has none and returns
+    /// Inside a transaction marked `idem.in_claim` (one-commit mode's
+    /// `BEGIN`), inserts an in-progress record for a key that has none and returns
     /// its fence, lease end and expiry; returns no row if the key has a record (live or not),
     /// which `claim` then judges. The fast path of one-commit mode.
     pub(crate) claim_new: String,
     /// Stores a completion if the fence still holds the record.
     pub(crate) complete: String,
     /// [`complete`](Self::complete), raising division by zero (SQLSTATE
-    /// 22012) when it changes no record, so that a `COMMIT` pipelined
-    /// behind it rolls back (one-commit mode).
+    /// 22012) when it changes no record, and marking the transaction with
+    /// the fence (`idem.completed`) when it does: the pipelined `COMMIT` of
+    /// one-commit mode checks that mark.
     pub(crate) complete_or_fail: String,
     /// Deletes the record if the fence still holds it.
     pub(crate) release: String,
@@ -223,11 +225,14 @@ impl Statements {
             claim_new: format!(
                 "INSERT INTO {s}.idem_records AS t (scope, operation, key, fingerprint, status, \
                  fence, created_at, lease_until, expires_at) \
-                 VALUES ($1::text, $2::text, $3::text, $4::bytea, 0, nextval('{s}.idem_fence'), $5::bigint, $5::bigint + $6::bigint, $5::bigint + $7::bigint) \
+                 SELECT $1::text, $2::text, $3::text, $4::bytea, 0, nextval('{s}.idem_fence'), \
+                 $5::bigint, $5::bigint + $6::bigint, $5::bigint + $7::bigint \
+                 WHERE current_setting('idem.in_claim', true) = 'on' \
                  ON CONFLICT DO NOTHING RETURNING fence, lease_until, expires_at"
             ),
             complete_or_fail: format!(
-                "WITH done AS ({complete} RETURNING 1) SELECT 1 / count(*) FROM done"
+                "WITH done AS ({complete} RETURNING 1) \
+                 SELECT 1 / count(*), set_config('idem.completed', $4::text, true) FROM done"
             ),
             complete,
             release: format!(

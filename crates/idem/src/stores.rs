@@ -1,8 +1,8 @@
 //! Store URLs: parsed once, where a setting enters (`--store`, `IDEM_STORE`,
 //! the config file), into a [`StoreUrl`] that every command opens the same
-//! way. `memory:`, `sqlite:PATH` (or `sqlite://PATH`), `postgres://...` and
-//! `redis://...`; PostgreSQL and Redis only when the binary was built with
-//! their features (both are on by default).
+//! way. `memory:`, `sqlite:PATH` (or `sqlite://PATH`), `postgres://...`,
+//! `redis://...` and `mysql://...`; PostgreSQL, Redis and MySQL only when
+//! the binary was built with their features (all on by default).
 
 use std::fmt;
 use std::path::PathBuf;
@@ -27,6 +27,10 @@ pub(crate) enum StoreUrl {
     /// A Redis URL (may hold a password).
     #[cfg(feature = "redis")]
     Redis(String),
+    /// A MySQL or MariaDB URL (may hold a password); idem's tables live in
+    /// the database `idem` on that server.
+    #[cfg(feature = "mysql")]
+    Mysql(String),
 }
 
 /// Why a store URL was refused.
@@ -34,18 +38,18 @@ pub(crate) enum StoreUrl {
 pub(crate) enum StoreUrlError {
     #[error("sqlite: needs a path, as in sqlite:idem.db")]
     SqliteWithoutPath,
-    #[cfg(not(all(feature = "postgres", feature = "redis")))]
+    #[cfg(not(all(feature = "postgres", feature = "redis", feature = "mysql")))]
     #[error(
         "{0} stores are not in this build of idem: build it with `--features {0}` (on by default)"
     )]
     NotBuiltIn(&'static str),
     #[error(
-        "unknown store {0:?}: use memory:, sqlite:PATH, postgres://..., redis://... or rediss://..."
+        "unknown store {0:?}: use memory:, sqlite:PATH, postgres://..., redis://..., rediss://... or mysql://..."
     )]
     Unknown(String),
     /// The driver cannot read the URL (its message names the part, never
     /// the URL).
-    #[cfg(any(feature = "postgres", feature = "redis"))]
+    #[cfg(any(feature = "postgres", feature = "redis", feature = "mysql"))]
     #[error("{0}")]
     Unreadable(String),
 }
@@ -82,6 +86,15 @@ impl FromStr for StoreUrl {
             #[cfg(not(feature = "redis"))]
             return Err(StoreUrlError::NotBuiltIn("redis"));
         }
+        if url.starts_with("mysql://") {
+            #[cfg(feature = "mysql")]
+            return idem_mysql::MysqlStore::builder(url)
+                .check()
+                .map(|()| StoreUrl::Mysql(url.to_owned()))
+                .map_err(|e| StoreUrlError::Unreadable(e.to_string()));
+            #[cfg(not(feature = "mysql"))]
+            return Err(StoreUrlError::NotBuiltIn("mysql"));
+        }
         Err(StoreUrlError::Unknown(redact(url)))
     }
 }
@@ -96,15 +109,25 @@ impl fmt::Display for StoreUrl {
             StoreUrl::Postgres(url) => f.write_str(&redact(url)),
             #[cfg(feature = "redis")]
             StoreUrl::Redis(url) => f.write_str(&redact(url)),
+            #[cfg(feature = "mysql")]
+            StoreUrl::Mysql(url) => f.write_str(&redact(url)),
         }
     }
 }
 
 impl StoreUrl {
-    /// Whether the store is reached over a network, where TLS (and so
-    /// `--store-ca`) applies.
+    /// Whether the store is reached over TLS where the URL asks for it
+    /// (and so `--store-ca` applies). The MySQL store has no TLS yet.
     pub(crate) fn speaks_tls(&self) -> bool {
-        !matches!(self, StoreUrl::Memory | StoreUrl::Sqlite(_))
+        match self {
+            StoreUrl::Memory | StoreUrl::Sqlite(_) => false,
+            #[cfg(feature = "mysql")]
+            StoreUrl::Mysql(_) => false,
+            #[cfg(feature = "postgres")]
+            StoreUrl::Postgres(_) => true,
+            #[cfg(feature = "redis")]
+            StoreUrl::Redis(_) => true,
+        }
     }
 
     /// Checks `ca` against the URL as the driver will use it: a CA the URL
@@ -157,6 +180,13 @@ impl StoreUrl {
                     .fold(idem_redis::RedisStore::builder(url), |b, ca| {
                         b.ca_pem(ca.pem.clone())
                     })
+                    .connect()
+                    .await
+                    .with_context(|| format!("cannot reach store {self}"))?,
+            ),
+            #[cfg(feature = "mysql")]
+            StoreUrl::Mysql(url) => Arc::new(
+                idem_mysql::MysqlStore::builder(url)
                     .connect()
                     .await
                     .with_context(|| format!("cannot reach store {self}"))?,

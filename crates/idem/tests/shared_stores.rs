@@ -72,6 +72,14 @@ async fn two_gateways_on_redis_execute_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_on_mysql_execute_once() {
+    let Some(url) = idem_testkit::backend_url("IDEM_TEST_MYSQL_URL", "MySQL") else {
+        return;
+    };
+    two_gateways_one_execution(&url, "mysql").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_goes_unready_when_the_store_stops() {
     use idem_testkit::private_redis::{PrivateRedis, free_port};
     let Some(redis) = PrivateRedis::start(free_port()) else {
