@@ -33,10 +33,14 @@ use idem_core::{
 use idem_http::{IdempotencyContext, IdempotencyLayer, Problem, RouteRule, stored_to_response};
 use serde::{Deserialize, Serialize};
 
+#[cfg(feature = "mysql")]
+mod mysql;
 #[cfg(feature = "postgres")]
 mod pg;
 mod sqlite;
 
+#[cfg(feature = "mysql")]
+pub use mysql::MysqlLedger;
 #[cfg(feature = "postgres")]
 pub use pg::PostgresLedger;
 pub use sqlite::SqliteLedger;
@@ -92,6 +96,10 @@ pub enum LedgerError {
     #[cfg(feature = "postgres")]
     #[error("postgres: {0}")]
     Postgres(#[from] idem_postgres::PgError),
+    /// MySQL or MariaDB failed.
+    #[cfg(feature = "mysql")]
+    #[error("mysql: {0}")]
+    Mysql(#[from] idem_mysql::MysqlError),
 }
 
 /// What a transfer attempt led to.

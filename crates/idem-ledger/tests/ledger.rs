@@ -137,3 +137,21 @@ async fn postgres_ledger_under_duplicated_concurrent_transfers() {
     run(ledger, store.clone()).await;
     store.drop_schema().await.unwrap();
 }
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mysql_ledger_under_duplicated_concurrent_transfers() {
+    let Some(url) = idem_testkit::backend_url("IDEM_TEST_MYSQL_URL", "MySQL") else {
+        return;
+    };
+    let database = format!("idem_ledger_{}", std::process::id());
+    let store = idem_mysql::MysqlStore::builder(url)
+        .database(database)
+        .pool_size(16)
+        .connect()
+        .await
+        .unwrap();
+    let ledger = Arc::new(idem_ledger::MysqlLedger::new(store.clone()).await.unwrap());
+    run(ledger, store.clone()).await;
+    store.drop_database().await.unwrap();
+}

@@ -61,6 +61,7 @@ impl MysqlStore {
         let Some(fence) = fence.to_i64() else {
             return Ok(Atomic::StaleFence);
         };
+        crate::check_id(id)?;
         let mut tx = self.begin().await?;
         let held: Option<i64> = tx
             .exec_first(
@@ -78,7 +79,7 @@ impl MysqlStore {
             let _ = tx.rollback().await;
             return Ok(Atomic::StaleFence);
         }
-        finish(tx, &self.inner.sql.complete, id, fence, mutation)
+        self.finish(tx, id, fence, mutation)
             .await
             .map(|done| match done {
                 ClaimedAtomically::Ran(atomic) => atomic,
@@ -108,6 +109,7 @@ impl MysqlStore {
             Fence,
         ) -> BoxFuture<'t, Result<(T, Completion), E>>,
     {
+        crate::check_id(&req.id)?;
         let params = crate::claim_params(req);
         let mut tries = 0;
         let (tx, claim) = loop {
@@ -138,41 +140,47 @@ impl MysqlStore {
             let _ = tx.rollback().await;
             return Ok(ClaimedAtomically::Ran(Atomic::StaleFence));
         };
-        let sql = &self.inner.sql.complete;
-        finish(tx, sql, &req.id, fence, |tx| mutation(tx, lease.fence)).await
+        self.finish(tx, &req.id, fence, |tx| mutation(tx, lease.fence))
+            .await
     }
-}
 
-/// Runs the mutation in `tx`, then the completion, then commits; rolls
-/// back on every other path.
-async fn finish<T, E, F>(
-    mut tx: MysqlTransaction,
-    complete: &str,
-    id: &RecordId,
-    fence: i64,
-    mutation: F,
-) -> Result<ClaimedAtomically<T, E>, StoreError>
-where
-    F: for<'t> FnOnce(&'t mut MysqlTransaction) -> BoxFuture<'t, Result<(T, Completion), E>>,
-{
-    let (value, completion) = match mutation(&mut tx).await {
-        Ok(done) => done,
-        Err(e) => {
+    /// Runs the mutation in `tx`, then the completion, then commits; rolls
+    /// back on every other path.
+    async fn finish<T, E, F>(
+        &self,
+        mut tx: MysqlTransaction,
+        id: &RecordId,
+        fence: i64,
+        mutation: F,
+    ) -> Result<ClaimedAtomically<T, E>, StoreError>
+    where
+        F: for<'t> FnOnce(&'t mut MysqlTransaction) -> BoxFuture<'t, Result<(T, Completion), E>>,
+    {
+        let (value, completion) = match mutation(&mut tx).await {
+            Ok(done) => done,
+            Err(e) => {
+                let _ = tx.rollback().await;
+                return Ok(ClaimedAtomically::Ran(Atomic::Failed(e)));
+            }
+        };
+        if let Err(e) = self.check_fits(&completion) {
             let _ = tx.rollback().await;
-            return Ok(ClaimedAtomically::Ran(Atomic::Failed(e)));
+            return Err(e);
         }
-    };
-    match crate::complete_with(&mut tx, complete, id, fence, &completion).await? {
-        Settled::Applied => {}
-        // Unreachable while we hold the row lock, but never commit a
-        // mutation whose record we could not complete.
-        Settled::StaleFence => {
-            let _ = tx.rollback().await;
-            return Ok(ClaimedAtomically::Ran(Atomic::StaleFence));
+        match crate::complete_with(&mut tx, &self.inner.sql.complete, id, fence, &completion)
+            .await?
+        {
+            Settled::Applied => {}
+            // Unreachable while we hold the row lock, but never commit a
+            // mutation whose record we could not complete.
+            Settled::StaleFence => {
+                let _ = tx.rollback().await;
+                return Ok(ClaimedAtomically::Ran(Atomic::StaleFence));
+            }
         }
+        tx.commit()
+            .await
+            .map_err(|e| my_error("committing an atomic transaction", e))?;
+        Ok(ClaimedAtomically::Ran(Atomic::Committed(value)))
     }
-    tx.commit()
-        .await
-        .map_err(|e| my_error("committing an atomic transaction", e))?;
-    Ok(ClaimedAtomically::Ran(Atomic::Committed(value)))
 }

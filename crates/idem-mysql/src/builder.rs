@@ -100,13 +100,28 @@ impl MysqlStoreBuilder {
             StoreError::new(StoreErrorKind::Setup, "mysql store: pool size out of range")
         })?;
         let lock_wait = self.lock_wait.as_secs().max(1);
+        // Connections stay in the pool (idle ones for 5 minutes) with their
+        // session as set here and their prepared statements: no reset on
+        // return, which would undo the settings and the statement cache.
+        let pool = PoolOpts::default()
+            .with_constraints(constraints)
+            .with_inactive_connection_ttl(Duration::from_secs(300))
+            .with_reset_connection(false);
         Ok(OptsBuilder::from_opts(opts)
-            .pool_opts(PoolOpts::default().with_constraints(constraints))
-            // Read committed: a claim's lookup of a missing key takes no gap
-            // lock, so claims of new keys never deadlock on each other's gaps.
+            .pool_opts(pool)
             .init(vec![
+                // Read committed: a claim's lookup of a missing key takes no
+                // gap lock, so claims of new keys never deadlock on gaps.
                 "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED".to_owned(),
+                // Strict: a value too long for its column is an error, never
+                // truncated into another record's id (the claim procedure is
+                // created, and so runs, under this mode too).
+                "SET SESSION sql_mode = 'STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION,ERROR_FOR_DIVISION_BY_ZERO'".to_owned(),
+                "SET SESSION autocommit = 1".to_owned(),
+                // Row locks and metadata locks (an ALTER, LOCK TABLES, a
+                // backup's FLUSH TABLES WITH READ LOCK) alike.
                 format!("SET SESSION innodb_lock_wait_timeout = {lock_wait}"),
+                format!("SET SESSION lock_wait_timeout = {lock_wait}"),
             ])
             .into())
     }
@@ -128,12 +143,14 @@ impl MysqlStoreBuilder {
                 )
             })?
             .map_err(|e| my_error("connecting", e))?;
+        let max_packet = schema::check_server(&mut conn).await?;
         schema::migrate(&mut conn, &self.database).await?;
         drop(conn);
         Ok(MysqlStore {
             inner: Arc::new(Inner {
                 pool,
                 wait: self.wait,
+                max_packet,
                 sql: Statements::new(&self.database),
                 database: self.database,
             }),

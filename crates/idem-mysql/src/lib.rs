@@ -81,6 +81,8 @@ pub struct MysqlStore {
 struct Inner {
     pool: Pool,
     wait: Duration,
+    /// The server's `max_allowed_packet`: a completion must fit in it.
+    max_packet: u64,
     database: String,
     sql: Statements,
 }
@@ -95,6 +97,31 @@ impl fmt::Debug for MysqlStore {
 
 fn millis(v: Duration) -> i64 {
     i64::try_from(v.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// The longest scope, operation and key the columns hold (bytes).
+const MAX_SCOPE: usize = 512;
+const MAX_OPERATION: usize = 1024;
+const MAX_KEY: usize = 255;
+
+/// Refuses an id the columns cannot hold whole: never truncated into
+/// another record's id, and a clear error instead of the server's.
+fn check_id(id: &RecordId) -> Result<(), StoreError> {
+    for (what, len, max) in [
+        ("scope", id.scope.as_str().len(), MAX_SCOPE),
+        ("operation", id.operation.as_str().len(), MAX_OPERATION),
+        ("key", id.key.as_str().len(), MAX_KEY),
+    ] {
+        if len > max {
+            return Err(StoreError::new(
+                StoreErrorKind::Backend,
+                format!(
+                    "mysql store: the {what} is {len} bytes, longer than the {max} it can hold"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The claim procedures' parameters, in their order.
@@ -141,9 +168,33 @@ impl MysqlStore {
     /// As any operation.
     pub async fn drop_database(&self) -> Result<(), StoreError> {
         let mut conn = self.conn().await?;
-        conn.query_drop(format!("DROP DATABASE IF EXISTS {}", self.inner.database))
-            .await
-            .map_err(|e| my_error("dropping the database", e))
+        conn.query_drop(format!(
+            "DROP DATABASE IF EXISTS {}",
+            schema::quoted(&self.inner.database)
+        ))
+        .await
+        .map_err(|e| my_error("dropping the database", e))
+    }
+
+    /// Refuses a completion the server would not take in one packet
+    /// (`max_allowed_packet`): a clear error before the effect's record is
+    /// attempted, instead of a broken connection. Keep the gateway's
+    /// `--max-response` below it.
+    fn check_fits(&self, completion: &Completion) -> Result<(), StoreError> {
+        let size = completion.response.body.len()
+            + completion.response.encode_headers().len()
+            + completion.resource_id.as_ref().map_or(0, String::len)
+            + 4096;
+        if size as u64 > self.inner.max_packet {
+            return Err(StoreError::new(
+                StoreErrorKind::Backend,
+                format!(
+                    "mysql store: a completion of {size} bytes does not fit the server's max_allowed_packet ({})",
+                    self.inner.max_packet
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// A pooled connection, within the connect timeout.
@@ -161,6 +212,7 @@ impl MysqlStore {
 impl Store for MysqlStore {
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>> {
         Box::pin(async move {
+            check_id(&req.id)?;
             let mut conn = self.conn().await?;
             let params = claim_params(req);
             let mut tries = 0;
@@ -186,6 +238,8 @@ impl Store for MysqlStore {
             let Some(fence) = fence.to_i64() else {
                 return Ok(Settled::StaleFence);
             };
+            check_id(id)?;
+            self.check_fits(&completion)?;
             let mut conn = self.conn().await?;
             complete_with(&mut conn, &self.inner.sql.complete, id, fence, &completion).await
         })
@@ -201,6 +255,7 @@ impl Store for MysqlStore {
             let Some(fence) = fence.to_i64() else {
                 return Ok(Settled::StaleFence);
             };
+            check_id(id)?;
             let mut conn = self.conn().await?;
             conn.exec_drop(
                 &self.inner.sql.release,

@@ -138,9 +138,15 @@ BEGIN
         END IF;
         DELETE FROM {d}.idem_records
          WHERE scope = p_scope AND operation = p_operation AND record_key = p_key;
+        SET v_duplicate = 0;
         INSERT INTO {d}.idem_records
                (scope, operation, record_key, fingerprint, status, created_at, lease_until, expires_at)
         VALUES (p_scope, p_operation, p_key, p_fingerprint, 0, p_now, p_now + p_lease, p_now + p_ttl);
+        IF v_duplicate = 1 THEN
+            -- Only a fence collision (a restored or hand-written row) can
+            -- get here: never answer with a fence that is not this row's.
+            SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'idem_claim: the new fence collides with a stored one';
+        END IF;
         SET v_fence = LAST_INSERT_ID();
         {commit}
         SELECT IF(v_taken = 1, 4, 0), v_fence, p_now, p_now + p_lease, p_now + p_ttl, 0,
@@ -156,8 +162,52 @@ pub(crate) const VERSION: i32 = MIGRATIONS.len() as i32;
 pub(crate) const COLUMNS: &str = "fingerprint, status, fence, created_at, lease_until, expires_at, \
      resource_id, response_status, response_headers, response_body";
 
+/// `database` quoted for SQL (a valid name has no backquote in it, so any
+/// word, `order` included, is safe).
+pub(crate) fn quoted(database: &str) -> String {
+    format!("`{database}`")
+}
+
+/// The server's `max_allowed_packet`, after refusing a server too old for
+/// the store: fences come from `AUTO_INCREMENT`, which InnoDB keeps across
+/// restarts only from MySQL 8.0 and MariaDB 10.2.4 on.
+pub(crate) async fn check_server(conn: &mut Conn) -> Result<u64, StoreError> {
+    let row: Option<(String, u64)> = conn
+        .query_first("SELECT VERSION(), @@max_allowed_packet")
+        .await
+        .map_err(|e| my_error("reading the server version", e))?;
+    let Some((version, max_packet)) = row else {
+        return Err(StoreError::new(
+            StoreErrorKind::Setup,
+            "mysql store: the server did not say its version",
+        ));
+    };
+    if !supported(&version) {
+        return Err(StoreError::new(
+            StoreErrorKind::Setup,
+            format!(
+                "mysql store: server {version} is too old: MySQL 8.0 or MariaDB 10.3 and later keep AUTO_INCREMENT across restarts, which fences need"
+            ),
+        ));
+    }
+    Ok(max_packet)
+}
+
+/// Whether a `VERSION()` string names MySQL 8+ or MariaDB 10.3+.
+pub(crate) fn supported(version: &str) -> bool {
+    let mut parts = version
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|p| p.parse::<u32>().ok());
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    if version.contains("MariaDB") {
+        major > 10 || (major == 10 && minor >= 3)
+    } else {
+        major >= 8
+    }
+}
+
 /// Whether `name` is a plain lower-case identifier (so it can be spliced
-/// into SQL without quoting).
+/// into SQL, quoted, without escaping).
 pub(crate) fn valid_database_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 64
@@ -170,10 +220,14 @@ pub(crate) fn valid_database_name(name: &str) -> bool {
 /// Creates the database if needed and applies missing migrations, under a
 /// named lock so that instances starting together migrate once.
 pub(crate) async fn migrate(conn: &mut Conn, database: &str) -> Result<(), StoreError> {
-    conn.query_drop(format!("CREATE DATABASE IF NOT EXISTS {database}"))
+    let quoted = quoted(database);
+    conn.query_drop(format!("CREATE DATABASE IF NOT EXISTS {quoted}"))
         .await
         .map_err(|e| my_error("creating the database", e))?;
-    let lock = format!("idem-migrate-{database}");
+    // GET_LOCK names are at most 64 characters on MySQL 8: a long database
+    // name shares its lock with others of the same prefix, which only
+    // serialises their migrations.
+    let lock = format!("idem-migrate-{}", &database[..database.len().min(51)]);
     let locked: Option<i64> = conn
         .exec_first("SELECT GET_LOCK(?, 60)", (lock.as_str(),))
         .await
@@ -184,7 +238,7 @@ pub(crate) async fn migrate(conn: &mut Conn, database: &str) -> Result<(), Store
             "mysql store: another instance held the migration lock for 60 s",
         ));
     }
-    let applied = apply(conn, database).await;
+    let applied = apply(conn, &quoted).await;
     let released = conn
         .exec_drop("SELECT RELEASE_LOCK(?)", (lock.as_str(),))
         .await
@@ -265,7 +319,8 @@ pub(crate) struct Statements {
 
 impl Statements {
     /// The statements for the tables in database `d`.
-    pub(crate) fn new(d: &str) -> Statements {
+    pub(crate) fn new(database: &str) -> Statements {
+        let d = quoted(database);
         let id = "scope = ? AND operation = ? AND record_key = ?";
         Statements {
             claim: format!("CALL {d}.idem_claim(?, ?, ?, ?, ?, ?, ?)"),

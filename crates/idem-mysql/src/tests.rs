@@ -103,6 +103,92 @@ fn concurrent_first_connects_migrate_once() {
     });
 }
 
+/// The pool keeps its connections, with the session settings the store
+/// depends on: one connection serves call after call (the same
+/// `CONNECTION_ID()`) at read committed, strict, with bounded lock waits.
+#[test]
+fn pooled_connections_are_kept_with_their_settings() {
+    let Some(url) = url() else { return };
+    rt().block_on(async {
+        let store = MysqlStore::builder(&url)
+            .database(database_name("p"))
+            .pool_size(1)
+            .lock_wait_timeout(std::time::Duration::from_secs(3))
+            .connect()
+            .await
+            .unwrap();
+        let mut ids = Vec::new();
+        for i in 0..5 {
+            let id = idem_testkit::unique_id(&format!("pool-reuse-key-{i:02}"));
+            let _ = store
+                .claim(&idem_testkit::request(&id, "{}", idem_testkit::t0()))
+                .await
+                .unwrap();
+            let mut conn = store.conn().await.unwrap();
+            let row: Option<(u64, String, String, u64, u64)> = conn
+                .query_first(
+                    "SELECT CONNECTION_ID(), @@tx_isolation, @@sql_mode, \
+                     @@innodb_lock_wait_timeout, @@lock_wait_timeout",
+                )
+                .await
+                .unwrap();
+            let (conn_id, isolation, mode, row_wait, meta_wait) = row.unwrap();
+            assert_eq!(isolation, "READ-COMMITTED");
+            assert!(mode.contains("STRICT_ALL_TABLES"), "{mode}");
+            assert_eq!((row_wait, meta_wait), (3, 3));
+            ids.push(conn_id);
+        }
+        assert!(
+            ids.windows(2).all(|w| w[0] == w[1]),
+            "connections were not kept: {ids:?}"
+        );
+        store.drop_database().await.unwrap();
+    });
+}
+
+/// An id the columns cannot hold whole is refused before it reaches the
+/// server: never truncated into another record's id.
+#[test]
+fn ids_longer_than_their_columns_are_refused() {
+    let Some(url) = url() else { return };
+    rt().block_on(async {
+        let store = fresh(&url).await;
+        let base = idem_testkit::unique_id("long-value-key-01");
+        for id in [
+            RecordId::new(
+                Scope::from_raw("s".repeat(513)),
+                base.operation.clone(),
+                base.key.clone(),
+            ),
+            RecordId::new(
+                base.scope.clone(),
+                idem_core::Operation::from_raw(format!("POST /{}", "r".repeat(1100))),
+                base.key.clone(),
+            ),
+        ] {
+            let req = idem_testkit::request(&id, "{}", idem_testkit::t0());
+            let e = store.store().claim(&req).await.unwrap_err();
+            assert!(e.to_string().contains("longer than"), "{e}");
+        }
+    });
+}
+
+/// Servers whose AUTO_INCREMENT does not survive a restart are refused.
+#[test]
+fn only_servers_that_keep_auto_increment_are_supported() {
+    for (version, ok) in [
+        ("10.11.19-MariaDB-0+deb12u1", true),
+        ("10.3.39-MariaDB", true),
+        ("10.2.44-MariaDB", false),
+        ("8.0.36", true),
+        ("8.4.0-commercial", true),
+        ("5.7.44-log", false),
+        ("11.4.2-MariaDB", true),
+    ] {
+        assert_eq!(schema::supported(version), ok, "{version}");
+    }
+}
+
 /// A bad URL or database name is a setup error that never shows the URL.
 #[test]
 fn bad_settings_are_setup_errors_without_the_url() {

@@ -285,8 +285,13 @@ mod tests {
         );
         let url: StoreUrl = "postgres://u:secret@h/db".parse().unwrap();
         assert_eq!(url.to_string(), "postgres://u:***@h/db");
-        let unknown = "mysql://u:secret@h/db".parse::<StoreUrl>().unwrap_err();
+        let unknown = "mongodb://u:secret@h/db".parse::<StoreUrl>().unwrap_err();
         assert!(!unknown.to_string().contains("secret"), "{unknown}");
+        #[cfg(feature = "mysql")]
+        {
+            let url: StoreUrl = "mysql://u:secret@h/db".parse().unwrap();
+            assert_eq!(url.to_string(), "mysql://u:***@h/db");
+        }
     }
 
     #[cfg(all(feature = "postgres", feature = "redis"))]

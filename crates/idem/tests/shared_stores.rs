@@ -133,6 +133,26 @@ fn the_demo_holds_its_invariants() {
     );
 }
 
+/// The demo's ledger on MySQL or MariaDB, in a database of its own that
+/// the demo drops afterwards.
+#[test]
+fn the_demo_holds_its_invariants_on_mysql() {
+    let Some(url) = idem_testkit::backend_url("IDEM_TEST_MYSQL_URL", "MySQL") else {
+        return;
+    };
+    let (code, out, err) = idem(&[
+        "demo",
+        "--intents",
+        "300",
+        "--clients",
+        "8",
+        "--store",
+        &url,
+    ]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("all invariants hold"), "{out}");
+}
+
 #[test]
 fn demo_flags_are_checked() {
     let (code, _, err) = idem(&["demo", "--drop-rate", "1.5"]);

@@ -107,8 +107,31 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
             }
             code
         }
+        #[cfg(feature = "mysql")]
+        Some(url @ StoreUrl::Mysql(conn)) => {
+            let database = mode.queue.replace('-', "_");
+            let store = idem_mysql::MysqlStore::builder(conn)
+                .database(database)
+                .pool_size(16)
+                .connect()
+                .await
+                .with_context(|| format!("cannot reach {url}"))?;
+            let ledger = idem_ledger::MysqlLedger::new(store.clone())
+                .await
+                .context("cannot create the demo ledger")?;
+            let code = mode.dispatch(Arc::new(ledger), store.clone(), conn.clone()).await;
+            // Only the process that made the database drops it: a consumer
+            // child shares its parent's.
+            if args.consumer.is_none() {
+                store
+                    .drop_database()
+                    .await
+                    .context("cannot drop the demo database")?;
+            }
+            code
+        }
         Some(other) => Err(anyhow::anyhow!(
-            "--store for the demo must be sqlite:PATH or postgres://... (the ledger keeps its transfers in SQL), not {other}"
+            "--store for the demo must be sqlite:PATH, postgres://... or mysql://... (the ledger keeps its transfers in SQL), not {other}"
         ))
         .or_usage(),
     }
