@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::panic, clippy::expect_used)] // a test crate
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem_core::{
@@ -15,52 +15,11 @@ use idem_core::{
 use idem_postgres::PostgresStore;
 use idem_testkit::{LEASE, TTL, request, response, t0, unique_id};
 
-fn url() -> Option<String> {
-    idem_testkit::backend_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL")
-}
+mod common;
+use common::{rows, url};
 
 async fn fresh(url: &str, pool: usize) -> PostgresStore {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let schema = format!(
-        "idem_t_atk1c_{}_{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    );
-    let store = PostgresStore::builder(url)
-        .schema(schema)
-        .pool_size(pool)
-        .statement_timeout(Duration::from_secs(20))
-        .connect()
-        .await
-        .expect("connect");
-    let s = store.schema().to_owned();
-    store
-        .pool()
-        .get()
-        .await
-        .unwrap()
-        .batch_execute(&format!(
-            "CREATE TABLE {s}.transfers (id bigserial PRIMARY KEY, idem_key text NOT NULL, scope text NOT NULL)"
-        ))
-        .await
-        .unwrap();
-    store
-}
-
-async fn rows(store: &PostgresStore, id: &RecordId) -> i64 {
-    let s = store.schema();
-    store
-        .pool()
-        .get()
-        .await
-        .unwrap()
-        .query_one(
-            &format!("SELECT count(*) FROM {s}.transfers WHERE idem_key = $1 AND scope = $2"),
-            &[&id.key.as_str(), &id.scope.as_str()],
-        )
-        .await
-        .unwrap()
-        .get(0)
+    common::fresh(url, pool, "atk1c").await
 }
 
 /// One-commit with a mutation that inserts a transfer row, or fails if `fail`.
