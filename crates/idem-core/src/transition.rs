@@ -4,8 +4,9 @@
 //! (the memory store's shard lock, the SQLite writer's transaction) call
 //! these, so the rules are written once.
 
-use crate::record::{Fence, Record, Status};
+use crate::record::{Fence, Record, Status, StoredResponse};
 use crate::store::{Claim, ClaimRequest, Completion, Lease};
+use crate::time::Timestamp;
 
 /// A claim's outcome as a number, for stores that decide inside the backend
 /// (the PostgreSQL claim function, the Redis claim script) and report back
@@ -52,6 +53,80 @@ pub struct ClaimStep {
     pub claim: Claim,
     /// The record to save (insert or overwrite), if the claim changes state.
     pub write: Option<Record>,
+}
+
+/// What a store that decides in the backend (the PostgreSQL function, the
+/// MySQL procedure, the Redis script) answered to a claim: the outcome code
+/// and the record's fence and times, which every such answer carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimAnswer {
+    /// The outcome.
+    pub code: ClaimCode,
+    /// The record's fence (the new one when acquired).
+    pub fence: Fence,
+    /// When the record was created.
+    pub created_at: Timestamp,
+    /// The lease's end, where the record has one.
+    pub lease_until: Option<Timestamp>,
+    /// When the record expires.
+    pub expires_at: Timestamp,
+}
+
+/// The parts of a finished record that a replay answer carries besides a
+/// [`ClaimAnswer`].
+#[derive(Debug)]
+pub struct FinishedParts {
+    /// `Completed` or `Failed`.
+    pub status: Status,
+    /// What the operation created, for reconciliation.
+    pub resource_id: Option<String>,
+    /// The response to replay (none when it was not stored).
+    pub response: Option<StoredResponse>,
+}
+
+impl ClaimAnswer {
+    /// The claim `req` is answered with. `finished` reads a replayed
+    /// record's parts and is called for a replay only; an answer that
+    /// acquires or is in flight without a lease end is `missing_lease`'s
+    /// error (a corrupt answer).
+    ///
+    /// # Errors
+    /// What `finished` or `missing_lease` return.
+    pub fn into_claim<E>(
+        self,
+        req: &ClaimRequest,
+        finished: impl FnOnce() -> Result<FinishedParts, E>,
+        missing_lease: impl FnOnce() -> E,
+    ) -> Result<Claim, E> {
+        let expires_at = self.expires_at;
+        Ok(match self.code {
+            ClaimCode::Acquired | ClaimCode::TakenOver => Claim::Acquired(Lease {
+                fence: self.fence,
+                lease_until: self.lease_until.ok_or_else(missing_lease)?,
+                expires_at,
+                takeover: self.code == ClaimCode::TakenOver,
+            }),
+            ClaimCode::InFlight => Claim::InFlight {
+                lease_until: self.lease_until.ok_or_else(missing_lease)?,
+                expires_at,
+            },
+            ClaimCode::Replay => {
+                let parts = finished()?;
+                Claim::Replay(Box::new(Record {
+                    id: req.id.clone(),
+                    fingerprint: req.fingerprint,
+                    status: parts.status,
+                    response: parts.response,
+                    resource_id: parts.resource_id,
+                    created_at: self.created_at,
+                    lease_until: self.lease_until,
+                    fence: self.fence,
+                    expires_at,
+                }))
+            }
+            ClaimCode::Mismatch => Claim::Mismatch { expires_at },
+        })
+    }
 }
 
 /// Decides a claim against the current record. `next_fence` is called only

@@ -1,9 +1,9 @@
 //! Records and claims from result rows.
 
-use idem_core::transition::ClaimCode;
+use idem_core::transition::{ClaimAnswer, ClaimCode, FinishedParts};
 use idem_core::{
-    Claim, ClaimRequest, Fence, Fingerprint, Key, Lease, Operation, Record, RecordId, Scope,
-    Status, StoreError, StoredResponse, Timestamp,
+    Claim, ClaimRequest, Fence, Fingerprint, Key, Operation, Record, RecordId, Scope, Status,
+    StoreError, StoredResponse, Timestamp,
 };
 use mysql_async::Row;
 use mysql_async::prelude::FromValue;
@@ -31,40 +31,25 @@ fn text(bytes: Vec<u8>, what: &str) -> Result<String, StoreError> {
 /// The claim from the row `idem_claim` returned for `req`.
 pub(crate) fn claim_from_row(req: &ClaimRequest, row: &Row) -> Result<Claim, StoreError> {
     let outcome: i64 = get(row, 0, "claim outcome")?;
-    let fence = fence_from(get(row, 1, "fence")?)?;
-    let created_at = Timestamp::from_millis(get(row, 2, "creation time")?);
     let lease_until: Option<i64> = get(row, 3, "lease end")?;
-    let expires_at = Timestamp::from_millis(get(row, 4, "expiry")?);
-    let code = ClaimCode::from_code(outcome).ok_or_else(|| corrupt("claim outcome"))?;
-    Ok(match code {
-        ClaimCode::Acquired | ClaimCode::TakenOver => Claim::Acquired(Lease {
-            fence,
-            lease_until: Timestamp::from_millis(lease_until.unwrap_or_default()),
-            expires_at,
-            takeover: code == ClaimCode::TakenOver,
-        }),
-        ClaimCode::InFlight => Claim::InFlight {
-            lease_until: Timestamp::from_millis(lease_until.unwrap_or_default()),
-            expires_at,
-        },
-        ClaimCode::Replay => {
-            let status: i64 = get(row, 5, "status")?;
-            let status = Status::from_code(status).ok_or_else(|| corrupt("status"))?;
-            let (resource_id, response) = finished_parts(row)?;
-            Claim::Replay(Box::new(Record {
-                id: req.id.clone(),
-                fingerprint: req.fingerprint,
-                status,
-                response,
-                resource_id,
-                created_at,
-                lease_until: lease_until.map(Timestamp::from_millis),
-                fence,
-                expires_at,
-            }))
-        }
-        ClaimCode::Mismatch => Claim::Mismatch { expires_at },
-    })
+    let answer = ClaimAnswer {
+        code: ClaimCode::from_code(outcome).ok_or_else(|| corrupt("claim outcome"))?,
+        fence: fence_from(get(row, 1, "fence")?)?,
+        created_at: Timestamp::from_millis(get(row, 2, "creation time")?),
+        lease_until: lease_until.map(Timestamp::from_millis),
+        expires_at: Timestamp::from_millis(get(row, 4, "expiry")?),
+    };
+    let finished = || {
+        let status: i64 = get(row, 5, "status")?;
+        let status = Status::from_code(status).ok_or_else(|| corrupt("status"))?;
+        let (resource_id, response) = finished_parts(row)?;
+        Ok(FinishedParts {
+            status,
+            resource_id,
+            response,
+        })
+    };
+    answer.into_claim(req, finished, || corrupt("lease"))
 }
 
 /// A record from a row of [`crate::schema::COLUMNS`].

@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use idem_core::transition::ClaimCode;
+use idem_core::transition::{ClaimAnswer, ClaimCode, FinishedParts};
 use idem_core::{
-    Claim, ClaimRequest, Fence, Fingerprint, Key, Lease, Operation, Record, RecordId, Scope,
-    Status, StoreError, StoredResponse, Timestamp,
+    Claim, ClaimRequest, Fence, Fingerprint, Key, Operation, Record, RecordId, Scope, Status,
+    StoreError, StoredResponse, Timestamp,
 };
 use tokio_postgres::Row;
 
@@ -20,40 +20,25 @@ pub(crate) const COLUMNS: &str = "fingerprint, status, fence, created_at, lease_
 pub(crate) fn claim_from_row(req: &ClaimRequest, row: &Row) -> Result<Claim, StoreError> {
     let get_err = |e| pg_error("reading the claim", e);
     let outcome: i16 = row.try_get(0).map_err(get_err)?;
-    let fence = fence_from(row.try_get(1).map_err(get_err)?)?;
-    let created_at = Timestamp::from_millis(row.try_get(2).map_err(get_err)?);
     let lease_until: Option<i64> = row.try_get(3).map_err(get_err)?;
-    let expires_at = Timestamp::from_millis(row.try_get(4).map_err(get_err)?);
-    let code = ClaimCode::from_code(i64::from(outcome)).ok_or_else(|| corrupt("claim outcome"))?;
-    Ok(match code {
-        ClaimCode::Acquired | ClaimCode::TakenOver => Claim::Acquired(Lease {
-            fence,
-            lease_until: Timestamp::from_millis(lease_until.unwrap_or_default()),
-            expires_at,
-            takeover: code == ClaimCode::TakenOver,
-        }),
-        ClaimCode::InFlight => Claim::InFlight {
-            lease_until: Timestamp::from_millis(lease_until.unwrap_or_default()),
-            expires_at,
-        },
-        ClaimCode::Replay => {
-            let status: i16 = row.try_get(5).map_err(get_err)?;
-            let status = Status::from_code(i64::from(status)).ok_or_else(|| corrupt("status"))?;
-            let (resource_id, response) = finished_parts(row, "reading the claim")?;
-            Claim::Replay(Box::new(Record {
-                id: req.id.clone(),
-                fingerprint: req.fingerprint,
-                status,
-                response,
-                resource_id,
-                created_at,
-                lease_until: lease_until.map(Timestamp::from_millis),
-                fence,
-                expires_at,
-            }))
-        }
-        ClaimCode::Mismatch => Claim::Mismatch { expires_at },
-    })
+    let answer = ClaimAnswer {
+        code: ClaimCode::from_code(i64::from(outcome)).ok_or_else(|| corrupt("claim outcome"))?,
+        fence: fence_from(row.try_get(1).map_err(get_err)?)?,
+        created_at: Timestamp::from_millis(row.try_get(2).map_err(get_err)?),
+        lease_until: lease_until.map(Timestamp::from_millis),
+        expires_at: Timestamp::from_millis(row.try_get(4).map_err(get_err)?),
+    };
+    let finished = || {
+        let status: i16 = row.try_get(5).map_err(get_err)?;
+        let status = Status::from_code(i64::from(status)).ok_or_else(|| corrupt("status"))?;
+        let (resource_id, response) = finished_parts(row, "reading the claim")?;
+        Ok(FinishedParts {
+            status,
+            resource_id,
+            response,
+        })
+    };
+    answer.into_claim(req, finished, || corrupt("lease"))
 }
 
 /// A record from a row of [`COLUMNS`].

@@ -3,10 +3,10 @@
 //! A reply is a flat list of values; each script's header comment in
 //! `lua/` says what stands where.
 
-use idem_core::transition::ClaimCode;
+use idem_core::transition::{ClaimAnswer, ClaimCode, FinishedParts};
 use idem_core::{
-    Claim, ClaimRequest, Fence, Fingerprint, Key, Lease, Operation, Record, RecordId, Scope,
-    Status, StoreError, StoredResponse, Timestamp,
+    Claim, ClaimRequest, Fence, Fingerprint, Key, Operation, Record, RecordId, Scope, Status,
+    StoreError, StoredResponse, Timestamp,
 };
 use redis::Value;
 
@@ -15,37 +15,23 @@ use crate::scripts::Keys;
 
 /// The claim from the reply of `claim.lua` for `req`.
 pub(crate) fn claim_from_reply(req: &ClaimRequest, items: &[Value]) -> Result<Claim, StoreError> {
-    let code = ClaimCode::from_code(need(int(items, 0)?, "outcome")?)
-        .ok_or_else(|| corrupt("claim outcome"))?;
-    let expires_at = Timestamp::from_millis(need(int(items, 4)?, "expires_at")?);
-    let lease_until = int(items, 3)?.map(Timestamp::from_millis);
-    Ok(match code {
-        ClaimCode::Acquired | ClaimCode::TakenOver => Claim::Acquired(Lease {
-            fence: fence_of(int(items, 1)?)?,
-            lease_until: lease_until.ok_or_else(|| corrupt("lease"))?,
-            expires_at,
-            takeover: code == ClaimCode::TakenOver,
-        }),
-        ClaimCode::InFlight => Claim::InFlight {
-            lease_until: lease_until.ok_or_else(|| corrupt("lease"))?,
-            expires_at,
-        },
-        ClaimCode::Replay => {
-            let (resource_id, response) = finished_parts(items)?;
-            Claim::Replay(Box::new(Record {
-                id: req.id.clone(),
-                fingerprint: req.fingerprint,
-                status: status_of(int(items, 5)?)?,
-                response,
-                resource_id,
-                created_at: Timestamp::from_millis(need(int(items, 2)?, "created_at")?),
-                lease_until: None,
-                fence: fence_of(int(items, 1)?)?,
-                expires_at,
-            }))
-        }
-        ClaimCode::Mismatch => Claim::Mismatch { expires_at },
-    })
+    let answer = ClaimAnswer {
+        code: ClaimCode::from_code(need(int(items, 0)?, "outcome")?)
+            .ok_or_else(|| corrupt("claim outcome"))?,
+        fence: fence_of(int(items, 1)?)?,
+        created_at: Timestamp::from_millis(need(int(items, 2)?, "created_at")?),
+        lease_until: int(items, 3)?.map(Timestamp::from_millis),
+        expires_at: Timestamp::from_millis(need(int(items, 4)?, "expires_at")?),
+    };
+    let finished = || {
+        let (resource_id, response) = finished_parts(items)?;
+        Ok(FinishedParts {
+            status: status_of(int(items, 5)?)?,
+            resource_id,
+            response,
+        })
+    };
+    answer.into_claim(req, finished, || corrupt("lease"))
 }
 
 /// A record from the reply of `get.lua` (and each entry of `find.lua` after
