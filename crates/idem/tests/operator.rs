@@ -498,7 +498,7 @@ fn exit_codes_follow_one_table() {
         "soon",
     ]);
     assert_eq!(code, 2, "bad duration: {err}");
-    let (code, _, err) = idem(&["records", "stale", "--store", "mysql://h/db"]);
+    let (code, _, err) = idem(&["records", "stale", "--store", "mongodb://h/db"]);
     assert_eq!(code, 2, "unknown store: {err}");
     let (code, _, err) = idem(&["demo", "--clients", "0"]);
     assert_eq!(code, 2, "demo flags: {err}");
