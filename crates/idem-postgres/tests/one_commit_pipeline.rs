@@ -60,12 +60,9 @@ async fn run_with(
     store
         .claim_and_complete_atomically(req, move |c, _fence| {
             Box::pin(async move {
-                c.execute(
-                    &format!("INSERT INTO {s}.transfers (idem_key, scope) VALUES ($1, $2)"),
-                    &[&key, &scope],
-                )
-                .await
-                .map_err(|e| e.to_string())?;
+                common::insert_transfer(c, &s, &key, &scope)
+                    .await
+                    .map_err(|e| e.to_string())?;
                 Ok(((), completion))
             })
         })
@@ -130,12 +127,9 @@ fn a_mutation_that_swallows_a_division_by_zero_commits_nothing() {
         let out = store
             .claim_and_complete_atomically(&req, move |c, _fence| {
                 Box::pin(async move {
-                    c.execute(
-                        &format!("INSERT INTO {s}.transfers (idem_key, scope) VALUES ($1, $2)"),
-                        &[&key, &scope],
-                    )
-                    .await
-                    .map_err(|e| e.to_string())?;
+                    common::insert_transfer(c, &s, &key, &scope)
+                        .await
+                        .map_err(|e| e.to_string())?;
                     let swallowed = c.execute("SELECT 1 / 0", &[]).await;
                     assert!(swallowed.is_err());
                     Ok::<_, String>(((), Completion::completed(response(200, "x"))))
@@ -182,12 +176,9 @@ fn a_panicking_mutation_commits_nothing_and_the_pool_serves() {
                 &req,
                 move |c, _fence| {
                     Box::pin(async move {
-                        c.execute(
-                            &format!("INSERT INTO {s}.transfers (idem_key, scope) VALUES ($1, $2)"),
-                            &[&key, &scope],
-                        )
-                        .await
-                        .map_err(|e| e.to_string())?;
+                        common::insert_transfer(c, &s, &key, &scope)
+                            .await
+                            .map_err(|e| e.to_string())?;
                         if round < 100 {
                             panic!("the effect panics");
                         }

@@ -37,12 +37,9 @@ async fn one_commit(
     store
         .claim_and_complete_atomically(req, move |tx, fence| {
             Box::pin(async move {
-                tx.execute(
-                    &format!("INSERT INTO {s}.transfers (idem_key, scope) VALUES ($1, $2)"),
-                    &[&key, &scope],
-                )
-                .await
-                .map_err(|e| e.to_string())?;
+                common::insert_transfer(tx, &s, &key, &scope)
+                    .await
+                    .map_err(|e| e.to_string())?;
                 if slow {
                     tx.execute("SELECT pg_sleep(0.02)", &[])
                         .await
@@ -219,7 +216,16 @@ fn race(slow: bool) {
             // Half the rounds start with an expired record, so the key goes
             // through idem_claim's takeover/expired branches too.
             let now = if round % 2 == 0 {
-                setup(&store, &id, if round % 4 == 0 { "completed" } else { "in_progress" }).await;
+                setup(
+                    &store,
+                    &id,
+                    if round % 4 == 0 {
+                        "completed"
+                    } else {
+                        "in_progress"
+                    },
+                )
+                .await;
                 t0() + TTL
             } else {
                 t0()
@@ -238,15 +244,12 @@ fn race(slow: bool) {
                         2 => {
                             if let Ok(Claim::Acquired(l)) = store.claim(&req).await {
                                 let s = store.schema().to_owned();
-                                let (k, sc) = (id.key.as_str().to_owned(), id.scope.as_str().to_owned());
+                                let (k, sc) =
+                                    (id.key.as_str().to_owned(), id.scope.as_str().to_owned());
                                 let r = store
                                     .complete_atomically(&id, l.fence, move |tx| {
                                         Box::pin(async move {
-                                            tx.execute(
-                                                &format!("INSERT INTO {s}.transfers (idem_key, scope) VALUES ($1, $2)"),
-                                                &[&k, &sc],
-                                            )
-                                            .await?;
+                                            common::insert_transfer(tx, &s, &k, &sc).await?;
                                             Ok::<_, tokio_postgres::Error>((
                                                 (),
                                                 Completion::completed(response(201, "plain")),
@@ -278,8 +281,14 @@ fn race(slow: bool) {
             let n = rows(&store, &id).await;
             let rec = store.get(&id, now).await.unwrap();
             assert!(n <= 1, "round {round}: {n} transfers");
-            let completed = rec.as_ref().is_some_and(|r| r.status == Status::Completed && r.created_at >= now);
-            assert_eq!(n == 1, completed, "round {round}: {n} transfers, record {rec:?}");
+            let completed = rec
+                .as_ref()
+                .is_some_and(|r| r.status == Status::Completed && r.created_at >= now);
+            assert_eq!(
+                n == 1,
+                completed,
+                "round {round}: {n} transfers, record {rec:?}"
+            );
         }
         assert_eq!(errors.load(Ordering::Relaxed), 0);
         let _ = store.drop_schema().await;
@@ -304,12 +313,9 @@ fn a_dropped_one_commit_call_rolls_back_and_the_pool_serves_on() {
             let said = inserted.clone();
             let call = store.claim_and_complete_atomically(&req, move |c, _fence| {
                 Box::pin(async move {
-                    c.execute(
-                        &format!("INSERT INTO {s}.transfers (idem_key, scope) VALUES ($1, $2)"),
-                        &[&key, &scope],
-                    )
-                    .await
-                    .map_err(|e| e.to_string())?;
+                    common::insert_transfer(c, &s, &key, &scope)
+                        .await
+                        .map_err(|e| e.to_string())?;
                     said.notify_one();
                     std::future::pending::<Result<((), Completion), String>>().await
                 })

@@ -42,6 +42,21 @@ pub(crate) async fn fresh(url: &str, pool: usize, tag: &str) -> PostgresStore {
     store
 }
 
+/// The business row of a mutation, inside its transaction: `c` is the
+/// store's transaction or its pooled connection in one.
+pub(crate) async fn insert_transfer<C: idem_postgres::GenericClient + Sync>(
+    c: &C,
+    schema: &str,
+    key: &str,
+    scope: &str,
+) -> Result<u64, tokio_postgres::Error> {
+    c.execute(
+        &format!("INSERT INTO {schema}.transfers (idem_key, scope) VALUES ($1, $2)"),
+        &[&key, &scope],
+    )
+    .await
+}
+
 /// How many transfers record `id` made.
 pub(crate) async fn rows(store: &PostgresStore, id: &RecordId) -> i64 {
     let s = store.schema();
