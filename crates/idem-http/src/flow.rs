@@ -152,19 +152,18 @@ where
     // It logs the request's end itself: a client that hangs up drops the
     // wait below, not the execution, and its end is still logged.
     let execution = execute(shared.clone(), call, ctx, rule, lease);
-    let logged_id = id.clone();
     let task = shared.tracker.spawn(
         async move {
             match AssertUnwindSafe(execution).catch_unwind().await {
                 Ok((outcome, result)) => {
                     let status = result.as_ref().ok().map(Response::status);
-                    log_end(&logged_id, started, outcome, status);
+                    log_end(&id, started, outcome, status);
                     result
                 }
                 // Only our own code can panic here (the handler's panics are
                 // caught inside); the claim is left to its lease.
                 Err(_) => Ok(ended(
-                    &logged_id,
+                    &id,
                     started,
                     Outcome::Released,
                     reject(Rejection::HandlerFailed),
