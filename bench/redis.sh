@@ -21,7 +21,7 @@ n=$((20000 * secs))
 : > target/redis-bench.txt
 for c in 1 16 64; do
     claims=$(redis-benchmark -h "$host" -p "$port" -c "$c" -n "$n" -r 100000000 -q \
-        EVALSHA "$claim_sha" 4 "idem-rb:r:__rand_int__" idem-rb:fence idem-rb:in-progress "idem-rb:k:__rand_int__" fpfpfpfpfpfpfpfpfpfpfpfpfpfpfpfp "$now" $((now + 30000)) $((now + 3600000)) "POST /bench" $((now + 4200000)) \
+        EVALSHA "$claim_sha" 4 "idem-rb:r:__rand_int__" idem-rb:fence idem-rb:in-progress "idem-rb:k:__rand_int__" fpfpfpfpfpfpfpfpfpfpfpfpfpfpfpfp "$now" $((now + 30000)) $((now + 3600000)) "POST /bench" $((now + 4200000)) 0 \
         | tr '\r' '\n' | awk '/requests per second/ {for (i=1;i<=NF;i++) if ($(i+1) ~ /requests/) print $i}' | tail -1)
     completes=$(redis-benchmark -h "$host" -p "$port" -c "$c" -n "$n" -r 100000000 -q \
         EVALSHA "$complete_sha" 2 "idem-rb:r:__rand_int__" idem-rb:in-progress 1 1 "" 201 "" "{}" \

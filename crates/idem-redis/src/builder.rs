@@ -3,14 +3,26 @@
 use std::time::Duration;
 
 use idem_core::{StoreError, StoreErrorKind};
-use redis::IntoConnectionInfo;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{ConnectionInfo, IntoConnectionInfo};
 
-use crate::RedisStore;
+use crate::connection::Connection;
 use crate::error::redis_error;
-use crate::scripts::{Keys, Scripts};
+use crate::scripts::{Keys, Layout, Scripts};
+use crate::{RedisStore, ReplicaWait};
 
 /// Options for connecting a store.
+///
+/// # URLs
+///
+/// - One server: `redis://[USER:PASSWORD@]HOST[:PORT][/DB]`, or
+///   `rediss://` for TLS.
+/// - A cluster: `redis-cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]`,
+///   or `rediss-cluster://` for TLS: one or more nodes to learn the
+///   cluster from (the rest are found through them). A cluster has only
+///   database 0, so no path.
+/// - Either may end with `?wait_replicas=N[&wait_timeout_ms=T]`, as
+///   [`wait_for_replicas`](Self::wait_for_replicas).
 #[derive(Clone)]
 pub struct RedisStoreBuilder {
     url: String,
@@ -18,7 +30,19 @@ pub struct RedisStoreBuilder {
     timeout: Duration,
     /// Trusted CA certificates (PEM) instead of the system's roots.
     ca_pem: Option<Vec<u8>>,
+    /// Set by [`wait_for_replicas`](Self::wait_for_replicas); wins over
+    /// the URL's.
+    replicas: Option<ReplicaWait>,
 }
+
+/// Where the store connects, as read from its URL.
+enum Target {
+    Single(Box<ConnectionInfo>),
+    Cluster(Vec<ConnectionInfo>),
+}
+
+/// The default of `wait_timeout_ms`.
+const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Without the URL, which may hold a password.
 impl std::fmt::Debug for RedisStoreBuilder {
@@ -27,6 +51,7 @@ impl std::fmt::Debug for RedisStoreBuilder {
             .field("prefix", &self.prefix)
             .field("timeout", &self.timeout)
             .field("ca_pem", &self.ca_pem.is_some())
+            .field("replicas", &self.replicas)
             .finish_non_exhaustive()
     }
 }
@@ -39,7 +64,21 @@ impl RedisStoreBuilder {
             prefix: "idem".into(),
             timeout: Duration::from_secs(2),
             ca_pem: None,
+            replicas: None,
         }
+    }
+
+    /// Answer only after `replicas` replicas acknowledged each write
+    /// (Redis `WAIT` after every claim that took a key, every completion
+    /// and every release), waiting at most `timeout` for them; when fewer
+    /// acknowledge in time the operation fails closed (`Unavailable`),
+    /// though the write stands on the master. Without it (the default) the
+    /// store answers as soon as the master has the write, and a failover
+    /// in the next moments can lose it. `replicas` 0 turns it off.
+    /// `timeout` must be shorter than [`timeout`](Self::timeout).
+    pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.replicas = Some(ReplicaWait { replicas, timeout });
+        self
     }
 
     /// The prefix of every key this store writes. Default `idem`.
@@ -76,13 +115,46 @@ impl RedisStoreBuilder {
     /// [`StoreErrorKind::Setup`] for a URL the driver cannot read. The
     /// message names what is wrong, never the URL.
     pub fn check(&self) -> Result<(), StoreError> {
-        self.client().map(drop)
+        self.parts().map(drop)
     }
 
-    fn client(&self) -> Result<redis::Client, StoreError> {
-        let invalid =
-            |e| StoreError::new(StoreErrorKind::Setup, "redis store: invalid URL").with_source(e);
-        let info = self.url.as_str().into_connection_info().map_err(invalid)?;
+    /// What [`connect`](Self::connect) uses: the target, checked for TLS
+    /// and prefix, and the replica wait.
+    fn parts(&self) -> Result<(Target, Option<ReplicaWait>), StoreError> {
+        let (target, from_url) = parse_url(&self.url)?;
+        let replicas = self.replicas.or(from_url).filter(|w| w.replicas > 0);
+        if let Some(w) = replicas
+            && (w.timeout.is_zero() || w.timeout >= self.timeout)
+        {
+            return Err(setup(
+                "redis store: the replica wait must be above zero and shorter than the operation timeout",
+            ));
+        }
+        let infos = match &target {
+            Target::Single(info) => std::slice::from_ref(info.as_ref()),
+            Target::Cluster(nodes) => nodes.as_slice(),
+        };
+        for info in infos {
+            self.check_tls(info)?;
+        }
+        if matches!(target, Target::Cluster(_)) && self.prefix.contains(['{', '}']) {
+            // The prefix comes before each key's hash tag: a brace in it
+            // would move the tag and split a record's keys across slots.
+            return Err(setup(
+                "redis store: a cluster store's prefix may not hold '{' or '}'",
+            ));
+        }
+        if let Some(pem) = &self.ca_pem
+            && !holds_a_certificate(pem)
+        {
+            // The driver reads the PEM only when it connects; a file
+            // without a certificate is a configuration error now.
+            return Err(setup("redis store: the CA file holds no certificate"));
+        }
+        Ok((target, replicas))
+    }
+
+    fn check_tls(&self, info: &ConnectionInfo) -> Result<(), StoreError> {
         if let redis::ConnectionAddr::TcpTls { insecure: true, .. } = info.addr() {
             // `rediss://...#insecure` turns certificate checks off.
             return Err(StoreError::new(
@@ -106,29 +178,14 @@ impl RedisStoreBuilder {
                 "redis store: a CA certificate is for a rediss:// URL; this one is not encrypted",
             ));
         }
-        match &self.ca_pem {
-            None => redis::Client::open(info).map_err(invalid),
-            // The driver reads the PEM only when it connects; a file
-            // without a certificate is a configuration error now.
-            Some(pem) if !holds_a_certificate(pem) => Err(StoreError::new(
-                StoreErrorKind::Setup,
-                "redis store: the CA file holds no certificate",
-            )),
-            Some(pem) => redis::Client::build_with_tls(
-                info,
-                redis::TlsCertificates {
-                    client_tls: None,
-                    root_cert: Some(pem.clone()),
-                },
-            )
-            .map_err(|e| {
-                StoreError::new(
-                    StoreErrorKind::Setup,
-                    "redis store: cannot use the CA certificates",
-                )
-                .with_source(e)
-            }),
-        }
+        Ok(())
+    }
+
+    fn certificates(&self) -> Option<redis::TlsCertificates> {
+        self.ca_pem.as_ref().map(|pem| redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(pem.clone()),
+        })
     }
 
     /// Connects.
@@ -137,21 +194,152 @@ impl RedisStoreBuilder {
     /// [`StoreErrorKind::Setup`] for a bad URL; [`StoreErrorKind::Unavailable`]
     /// when the server does not answer.
     pub async fn connect(self) -> Result<RedisStore, StoreError> {
-        let client = self.client()?;
-        let config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(self.timeout))
-            .set_connection_timeout(Some(self.timeout))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_millis(500));
-        let conn = ConnectionManager::new_with_config(client, config)
-            .await
-            .map_err(|e| redis_error("connecting", e))?;
+        let (target, replicas) = self.parts()?;
+        let cannot_use_ca = |e| setup("redis store: cannot use the CA certificates").with_source(e);
+        let (conn, layout) = match target {
+            Target::Single(info) => {
+                let client = match self.certificates() {
+                    None => redis::Client::open(*info),
+                    Some(certs) => redis::Client::build_with_tls(*info, certs),
+                }
+                .map_err(cannot_use_ca)?;
+                let config = ConnectionManagerConfig::new()
+                    .set_response_timeout(Some(self.timeout))
+                    .set_connection_timeout(Some(self.timeout))
+                    .set_number_of_retries(1)
+                    .set_max_delay(Duration::from_millis(500));
+                let conn = ConnectionManager::new_with_config(client, config)
+                    .await
+                    .map_err(|e| redis_error("connecting", e))?;
+                (Connection::Single(conn), Layout::Single)
+            }
+            Target::Cluster(nodes) => {
+                let mut builder = redis::cluster::ClusterClientBuilder::new(nodes)
+                    .connection_timeout(self.timeout)
+                    .response_timeout(self.timeout)
+                    // Redirections (MOVED, ASK) and a failover in progress
+                    // are retried within the operation's time, no longer.
+                    .overall_response_timeout(Some(self.timeout))
+                    .retries(3);
+                if let Some(certs) = self.certificates() {
+                    builder = builder.certs(certs);
+                }
+                let client = builder.build().map_err(cannot_use_ca)?;
+                let conn = client
+                    .get_async_connection()
+                    .await
+                    .map_err(|e| redis_error("connecting to the cluster", e))?;
+                (Connection::Cluster(conn), Layout::Cluster)
+            }
+        };
         Ok(RedisStore {
             conn,
-            keys: Keys::new(self.prefix),
+            keys: Keys::new(self.prefix, layout),
             scripts: Scripts::new(),
+            replicas,
         })
     }
+}
+
+fn setup(message: &'static str) -> StoreError {
+    StoreError::new(StoreErrorKind::Setup, message)
+}
+
+/// Reads a store URL (see [`RedisStoreBuilder`]). Messages name what is
+/// wrong, never the URL, which may hold a password.
+fn parse_url(url: &str) -> Result<(Target, Option<ReplicaWait>), StoreError> {
+    let invalid = |e| setup("redis store: invalid URL").with_source(e);
+    let (scheme, rest) = url
+        .split_once("://")
+        .ok_or_else(|| setup("redis store: invalid URL: no scheme"))?;
+    let (rest, query) = match rest.split_once('?') {
+        Some((r, q)) => (r, Some(q)),
+        None => (rest, None),
+    };
+    let (wait, driver_query) = read_query(query)?;
+    let node_scheme = match scheme {
+        "redis-cluster" => "redis",
+        "rediss-cluster" => "rediss",
+        _ => {
+            let mut url = format!("{scheme}://{rest}");
+            if !driver_query.is_empty() {
+                url.push('?');
+                url.push_str(&driver_query.join("&"));
+            }
+            let info = url.as_str().into_connection_info().map_err(invalid)?;
+            return Ok((Target::Single(Box::new(info)), wait));
+        }
+    };
+    if !driver_query.is_empty() || rest.contains('#') {
+        return Err(setup(
+            "redis store: a cluster URL takes no options but wait_replicas and wait_timeout_ms",
+        ));
+    }
+    // The user info runs to the last '@', so a raw '@' in a password is
+    // covered; the nodes follow.
+    let (user_info, nodes) = match rest.rsplit_once('@') {
+        Some((u, n)) => (Some(u), n),
+        None => (None, rest),
+    };
+    let nodes = match nodes.split_once('/') {
+        None => nodes,
+        Some((n, "" | "0")) => n,
+        Some(_) => {
+            return Err(setup(
+                "redis store: a cluster has only database 0: no path after its nodes",
+            ));
+        }
+    };
+    let infos = nodes
+        .split(',')
+        .map(|node| {
+            if node.is_empty() || !node.contains(':') {
+                return Err(setup(
+                    "redis store: each cluster node is HOST:PORT, separated by commas",
+                ));
+            }
+            let url = match user_info {
+                Some(u) => format!("{node_scheme}://{u}@{node}"),
+                None => format!("{node_scheme}://{node}"),
+            };
+            url.as_str().into_connection_info().map_err(invalid)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((Target::Cluster(infos), wait))
+}
+
+/// idem's own query parameters (`wait_replicas`, `wait_timeout_ms`), and
+/// the rest for the driver.
+fn read_query(query: Option<&str>) -> Result<(Option<ReplicaWait>, Vec<&str>), StoreError> {
+    let (mut replicas, mut timeout, mut rest) = (None, None, Vec::new());
+    for param in query.into_iter().flat_map(|q| q.split('&')) {
+        match param.split_once('=') {
+            Some(("wait_replicas", n)) => {
+                replicas =
+                    Some(n.parse::<u32>().map_err(|_| {
+                        setup("redis store: wait_replicas is a number of replicas")
+                    })?);
+            }
+            Some(("wait_timeout_ms", t)) => {
+                let ms = t.parse::<u64>().map_err(|_| {
+                    setup("redis store: wait_timeout_ms is a number of milliseconds")
+                })?;
+                timeout = Some(Duration::from_millis(ms));
+            }
+            _ => rest.push(param),
+        }
+    }
+    let wait = match (replicas, timeout) {
+        (Some(replicas), t) => Some(ReplicaWait {
+            replicas,
+            timeout: t.unwrap_or(DEFAULT_WAIT_TIMEOUT),
+        }),
+        (None, Some(_)) => {
+            return Err(setup("redis store: wait_timeout_ms without wait_replicas"));
+        }
+        (None, None) => None,
+    };
+    Ok((wait, rest))
 }
 
 /// Whether `pem` holds at least one certificate, and only readable ones.

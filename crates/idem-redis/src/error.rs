@@ -2,14 +2,26 @@
 
 use idem_core::{StoreError, StoreErrorKind};
 
-/// A Redis error: connection trouble and timeouts are `Unavailable` (503
-/// material); the rest is `Backend`.
+/// A Redis error: connection trouble, timeouts and a cluster that is
+/// failing over or resharding are `Unavailable` (503 material); the rest
+/// is `Backend`.
 pub(crate) fn redis_error(context: &str, e: redis::RedisError) -> StoreError {
+    use redis::{ErrorKind, ServerErrorKind};
+    let in_transition = e.is_cluster_error()
+        || matches!(
+            e.kind(),
+            ErrorKind::Server(
+                ServerErrorKind::MasterDown
+                    | ServerErrorKind::ReadOnly
+                    | ServerErrorKind::BusyLoading
+            )
+        );
     let kind = if e.is_io_error()
         || e.is_timeout()
         || e.is_connection_dropped()
         || e.is_connection_refusal()
         || e.is_unrecoverable_error()
+        || in_transition
     {
         StoreErrorKind::Unavailable
     } else {
@@ -23,5 +35,19 @@ pub(crate) fn corrupt(what: &str) -> StoreError {
     StoreError::new(
         StoreErrorKind::Corrupt,
         format!("redis store: stored {what} is corrupt"),
+    )
+}
+
+/// Fewer replicas than asked for acknowledged a write in time. The write
+/// stands on the master, but the store does not answer as if it would
+/// survive a failover: it fails closed.
+pub(crate) fn not_replicated(acked: i64, wait: crate::ReplicaWait) -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Unavailable,
+        format!(
+            "redis store: a write reached {acked} of the {} replicas asked for within {} ms",
+            wait.replicas,
+            wait.timeout.as_millis()
+        ),
     )
 }

@@ -1,4 +1,6 @@
-//! Redis store for idem: low latency, shared by many instances.
+//! Redis store for idem: low latency, shared by many instances, on one
+//! server or a Redis Cluster. Not a place for business data: it has no
+//! atomic mode (below).
 //!
 //! ```no_run
 //! use idem_redis::RedisStore;
@@ -6,6 +8,13 @@
 //! # async fn run() -> Result<(), idem_core::StoreError> {
 //! let store = RedisStore::builder("redis://127.0.0.1:6379").prefix("idem").connect().await?;
 //! // `store` implements `idem_core::Store`.
+//!
+//! // A cluster: any of its nodes (the rest are found through them), and
+//! // optionally an acknowledgement from a replica before each answer.
+//! let cluster = RedisStore::builder("redis-cluster://10.0.0.1:7000,10.0.0.2:7000")
+//!     .wait_for_replicas(1, std::time::Duration::from_millis(500))
+//!     .connect()
+//!     .await?;
 //! # Ok(()) }
 //! ```
 //!
@@ -44,6 +53,51 @@
 //!   reconnects by itself when the server comes back. Connection failures
 //!   and timeouts are [`StoreErrorKind::Unavailable`].
 //!
+//! # On a Redis Cluster
+//!
+//! The same scripts, with the keys laid out so that each script's keys
+//! share one hash slot:
+//!
+//! - **Buckets.** A record lives in one of 1,024 buckets, chosen by a fixed
+//!   hash (FNV-1a) of its scope and key, and every key of a bucket carries
+//!   the bucket's hash tag: `PREFIX:{B}:r:...` (the record),
+//!   `PREFIX:{B}:k:...` (its `(scope, key)` index), `PREFIX:{B}:f:...` (its
+//!   fence) and `PREFIX:{B}:in-progress` (the bucket's in-progress index).
+//!   The 1,024 tags spread over the cluster's slots, so records spread over
+//!   every master. The prefix may not hold `{` or `}`.
+//! - **A fence per record**, no global counter: the claim sets the record's
+//!   fence to the larger of its last fence plus one and the server's clock
+//!   in microseconds. The counter is kept as long as the record's keys
+//!   (its Redis TTL is extended to the longest), so fences of one record
+//!   grow across releases and takeovers; once it has expired with every
+//!   record it fenced, the clock keeps the next fence above the old ones
+//!   unless the master's clock went back by more than the TTL.
+//! - **Across the cluster**: `list_stale` reads every bucket's index (64 at
+//!   a time) and merges them; `purge_expired` and `delete_all` `SCAN` each
+//!   master. The client follows `MOVED`/`ASK` and learns the slots again
+//!   after a failover; a command that cannot be served within the store's
+//!   timeout (the cluster is failing over, a slot has no master) is
+//!   [`StoreErrorKind::Unavailable`].
+//! - **Failover and `WAIT`.** Redis replicates asynchronously: a master
+//!   answers a write before any replica has it, and a replica promoted
+//!   after the master dies may not have the last writes. A claim lost that
+//!   way lets a retry execute again; a completion lost that way leaves the
+//!   record in progress (the retry waits out the lease, then executes
+//!   again). With [`RedisStoreBuilder::wait_for_replicas`] (or
+//!   `?wait_replicas=N` in the URL) the store sends `WAIT N timeout` after
+//!   each write (a claim that took a key, a completion, a release) and
+//!   answers only when N replicas have it; if fewer acknowledge in time it
+//!   fails closed with `Unavailable`, though the write stands on the
+//!   master. With N equal to the replicas per master, a replica promoted
+//!   by the cluster's own failover holds every write the store
+//!   acknowledged. Still not a consensus system: a manual `CLUSTER
+//!   FAILOVER TAKEOVER` of a lagging replica, or losing a master and all
+//!   its acknowledging replicas at once, can lose writes. A replay read
+//!   from a completion another instance wrote may precede that instance's
+//!   `WAIT`. Cost: see BENCHMARKS.md.
+//! - **Hostile keys** can crowd one bucket (the hash is not keyed): that
+//!   loads one master more than the others, and changes nothing else.
+//!
 //! # What Redis cannot give
 //!
 //! - **No atomic mode.** Your business data does not live in Redis, so the
@@ -60,8 +114,6 @@
 //!   the next claim of an evicted key executes again. Run the server with
 //!   `maxmemory-policy noeviction`: a full Redis then refuses writes, which
 //!   the store reports as unavailable (503, fail closed).
-//! - **No Redis Cluster.** A claim touches the record and the fence counter,
-//!   which would live in different slots.
 //!
 //! [`StoreErrorKind::Unavailable`]: idem_core::StoreErrorKind::Unavailable
 
@@ -72,15 +124,16 @@ use idem_core::{
     StaleCursor, Store, StoreError, Timestamp,
 };
 use redis::Value;
-use redis::aio::ConnectionManager;
 
 mod builder;
+mod connection;
 mod error;
 mod row;
 mod scripts;
 
 pub use builder::RedisStoreBuilder;
-use error::redis_error;
+use connection::Connection;
+use error::{not_replicated, redis_error};
 
 /// How long after a record's `expires_at` Redis may drop its keys: a Redis
 /// clock up to this far ahead of the callers' never loses a live record.
@@ -88,26 +141,44 @@ use error::redis_error;
 /// scripts compare with the caller's time) and are removed by
 /// [`Store::purge_expired`].
 pub const EXPIRY_MARGIN: std::time::Duration = std::time::Duration::from_secs(10 * 60);
-use scripts::{Keys, Scripts};
 
-/// The Redis store. Clones share one multiplexed connection.
+/// How many in-progress indexes of a cluster are read at once when stale
+/// records are listed.
+const STALE_CONCURRENCY: usize = 64;
+use scripts::{Keys, Layout, Scripts};
+
+/// The Redis store. Clones share one multiplexed connection (on a cluster,
+/// one per node).
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: Connection,
     keys: Keys,
     scripts: Scripts,
+    replicas: Option<ReplicaWait>,
+}
+
+/// How many replicas must acknowledge each write before the store answers
+/// (`WAIT`), and for how long it waits for them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ReplicaWait {
+    pub(crate) replicas: u32,
+    pub(crate) timeout: std::time::Duration,
 }
 
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisStore")
             .field("prefix", &self.keys.prefix())
+            .field("cluster", &(self.keys.layout() == Layout::Cluster))
+            .field("replicas", &self.replicas)
             .finish_non_exhaustive()
     }
 }
 
 impl RedisStore {
-    /// Options for connecting to `url` (`redis://host:port/db`).
+    /// Options for connecting to `url`: one server (`redis://host:port/db`,
+    /// `rediss://` for TLS) or a cluster (`redis-cluster://host:port[,host:port...]`,
+    /// `rediss-cluster://` for TLS); see [`RedisStoreBuilder`].
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
         RedisStoreBuilder::new(url.into())
     }
@@ -143,22 +214,43 @@ impl RedisStore {
     /// As any operation.
     pub async fn delete_all(&self) -> Result<(), StoreError> {
         let mut conn = self.conn.clone();
-        let pattern = self.keys.every_key();
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, keys) = scan_page(&mut conn, cursor, &pattern).await?;
-            if !keys.is_empty() {
+        let mut scan = conn
+            .scan(self.keys.every_key())
+            .await
+            .map_err(|e| redis_error("listing the masters", e))?;
+        while let Some(keys) = scan
+            .next_page(&mut conn)
+            .await
+            .map_err(|e| redis_error("scanning", e))?
+        {
+            // One key at a time: on a cluster the keys of a page lie in
+            // many slots.
+            for key in keys {
                 let _: i64 = redis::cmd("DEL")
-                    .arg(&keys)
+                    .arg(key)
                     .query_async(&mut conn)
                     .await
                     .map_err(|e| redis_error("deleting", e))?;
             }
-            if next == 0 {
-                return Ok(());
-            }
-            cursor = next;
         }
+        Ok(())
+    }
+
+    /// With [`RedisStoreBuilder::wait_for_replicas`], waits until enough
+    /// replicas acknowledged this connection's writes to the server that
+    /// holds `key`; fails closed (`Unavailable`) when too few did in time.
+    async fn replicated(&self, conn: &mut Connection, key: &str) -> Result<(), StoreError> {
+        let Some(wait) = self.replicas else {
+            return Ok(());
+        };
+        let acked = conn
+            .wait_for_replicas(key, wait.replicas, wait.timeout)
+            .await
+            .map_err(|e| redis_error("waiting for replicas", e))?;
+        if acked < i64::from(wait.replicas) {
+            return Err(not_replicated(acked, wait));
+        }
+        Ok(())
     }
 
     /// Completes (`Some`) or releases (`None`) a record if `fence` still
@@ -171,6 +263,7 @@ impl RedisStore {
     ) -> Result<Settled, StoreError> {
         let mut conn = self.conn.clone();
         let key = self.keys.record(id);
+        let in_progress = self.keys.in_progress(&id.scope, &id.key);
         let fence = fence.get().to_string();
         let applied: i64 = match completion {
             Some(c) => {
@@ -181,8 +274,8 @@ impl RedisStore {
                     .unwrap_or_default();
                 self.scripts
                     .complete
-                    .key(key)
-                    .key(self.keys.in_progress())
+                    .key(&key)
+                    .key(&in_progress)
                     .arg(fence)
                     .arg(c.status().code())
                     .arg(rid)
@@ -196,33 +289,18 @@ impl RedisStore {
             None => self
                 .scripts
                 .release
-                .key(key)
-                .key(self.keys.in_progress())
+                .key(&key)
+                .key(&in_progress)
                 .arg(fence)
                 .invoke_async(&mut conn)
                 .await
                 .map_err(|e| redis_error("releasing", e))?,
         };
+        if applied == 1 {
+            self.replicated(&mut conn, &key).await?;
+        }
         Ok(Settled::from_changed(u64::try_from(applied).unwrap_or(0)))
     }
-}
-
-/// One `SCAN` page of keys matching `pattern`: the next cursor (0 at the
-/// end) and the keys. Pages are bounded, so no call blocks the server.
-async fn scan_page(
-    conn: &mut ConnectionManager,
-    cursor: u64,
-    pattern: &str,
-) -> Result<(u64, Vec<String>), StoreError> {
-    redis::cmd("SCAN")
-        .arg(cursor)
-        .arg("MATCH")
-        .arg(pattern)
-        .arg("COUNT")
-        .arg(500)
-        .query_async(conn)
-        .await
-        .map_err(|e| redis_error("scanning", e))
 }
 
 impl Store for RedisStore {
@@ -231,12 +309,17 @@ impl Store for RedisStore {
             let mut conn = self.conn.clone();
             let lease_until = req.now + req.lease;
             let expires_at = req.now + req.ttl;
+            let record = self.keys.record(&req.id);
+            let per_record_fence = match self.keys.layout() {
+                Layout::Single => "0",
+                Layout::Cluster => "1",
+            };
             let items: Vec<Value> = self
                 .scripts
                 .claim
-                .key(self.keys.record(&req.id))
-                .key(self.keys.fence())
-                .key(self.keys.in_progress())
+                .key(&record)
+                .key(self.keys.fence(&req.id))
+                .key(self.keys.in_progress(&req.id.scope, &req.id.key))
                 .key(self.keys.key_index(&req.id.scope, &req.id.key))
                 .arg(req.fingerprint.as_bytes())
                 .arg(req.now.as_millis())
@@ -244,10 +327,15 @@ impl Store for RedisStore {
                 .arg(expires_at.as_millis())
                 .arg(req.id.operation.as_str())
                 .arg((expires_at + EXPIRY_MARGIN).as_millis())
+                .arg(per_record_fence)
                 .invoke_async(&mut conn)
                 .await
                 .map_err(|e| redis_error("claiming", e))?;
-            row::claim_from_reply(req, &items)
+            let claim = row::claim_from_reply(req, &items)?;
+            if let Claim::Acquired(_) = claim {
+                self.replicated(&mut conn, &record).await?;
+            }
+            Ok(claim)
         })
     }
 
@@ -299,15 +387,35 @@ impl Store for RedisStore {
     ) -> BoxFuture<'_, Result<usize, StoreError>> {
         Box::pin(async move {
             let mut conn = self.conn.clone();
-            let pattern = self.keys.every_record();
             let mut purged = 0usize;
-            let mut cursor: u64 = 0;
-            loop {
-                let (next, keys) = scan_page(&mut conn, cursor, &pattern).await?;
-                if !keys.is_empty() {
+            let mut scan = conn
+                .scan(self.keys.every_record())
+                .await
+                .map_err(|e| redis_error("listing the masters", e))?;
+            while purged < limit {
+                let Some(keys) = scan
+                    .next_page(&mut conn)
+                    .await
+                    .map_err(|e| redis_error("scanning", e))?
+                else {
+                    break;
+                };
+                // One script per in-progress index: on a cluster, the
+                // records of one bucket with their bucket's index.
+                let mut groups: std::collections::BTreeMap<String, Vec<String>> =
+                    std::collections::BTreeMap::new();
+                for key in keys {
+                    if let Some(index) = self.keys.in_progress_of(&key) {
+                        groups.entry(index).or_default().push(key);
+                    }
+                }
+                for (index, group) in groups {
+                    if purged >= limit {
+                        break;
+                    }
                     let mut inv = self.scripts.purge.prepare_invoke();
-                    inv.key(self.keys.in_progress());
-                    for k in &keys {
+                    inv.key(index);
+                    for k in &group {
                         inv.key(k);
                     }
                     let n: i64 = inv
@@ -318,11 +426,8 @@ impl Store for RedisStore {
                         .map_err(|e| redis_error("purging", e))?;
                     purged += usize::try_from(n).unwrap_or(0);
                 }
-                if next == 0 || purged >= limit {
-                    return Ok(purged);
-                }
-                cursor = next;
             }
+            Ok(purged)
         })
     }
 
@@ -333,7 +438,6 @@ impl Store for RedisStore {
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>> {
         Box::pin(async move {
-            let mut conn = self.conn.clone();
             let (score, member) = match after {
                 Some(c) => (
                     c.lease_until.as_millis().to_string(),
@@ -341,18 +445,38 @@ impl Store for RedisStore {
                 ),
                 None => ("-inf".to_owned(), String::new()),
             };
-            let items: Vec<Value> = self
-                .scripts
-                .stale
-                .key(self.keys.in_progress())
-                .arg(now.as_millis())
-                .arg(score)
-                .arg(member)
-                .arg(limit)
-                .invoke_async(&mut conn)
-                .await
-                .map_err(|e| redis_error("listing stale records", e))?;
-            row::stale_records_from_reply(&self.keys, &items)
+            // Each index answers its first `limit` after the cursor; the
+            // first `limit` of them all, in the same order, are the page.
+            let mut found: Vec<(Timestamp, String, Record)> = Vec::new();
+            let indexes = self.keys.in_progress_indexes();
+            for chunk in indexes.chunks(STALE_CONCURRENCY) {
+                let pages = futures_util::future::try_join_all(chunk.iter().map(|index| {
+                    let mut conn = self.conn.clone();
+                    let (score, member) = (&score, &member);
+                    async move {
+                        let items: Vec<Value> = self
+                            .scripts
+                            .stale
+                            .key(index)
+                            .arg(now.as_millis())
+                            .arg(score)
+                            .arg(member)
+                            .arg(limit)
+                            .invoke_async(&mut conn)
+                            .await
+                            .map_err(|e| redis_error("listing stale records", e))?;
+                        row::stale_records_from_reply(&self.keys, &items)
+                    }
+                }))
+                .await?;
+                for record in pages.into_iter().flatten() {
+                    let lease_until = record.lease_until.unwrap_or(record.created_at);
+                    found.push((lease_until, self.keys.record(&record.id), record));
+                }
+                found.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+                found.truncate(limit);
+            }
+            Ok(found.into_iter().map(|(_, _, record)| record).collect())
         })
     }
 
@@ -385,6 +509,8 @@ impl Store for RedisStore {
     }
 }
 
+#[cfg(test)]
+mod cluster_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

@@ -169,7 +169,7 @@ fn the_key_index_is_cleaned_by_look_ups() {
         let id = unique_id("redis-key-index1");
         let index = store.key_index_key(&id.scope, &id.key);
         let mut conn = store.conn.clone();
-        let members = |mut conn: ConnectionManager, index: String| async move {
+        let members = |mut conn: Connection, index: String| async move {
             let n: i64 = redis::cmd("ZCARD")
                 .arg(&index)
                 .query_async(&mut conn)

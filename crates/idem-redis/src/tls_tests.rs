@@ -48,17 +48,7 @@ fn rediss_checks_the_servers_certificate() {
         ));
 
         // Another CA: refused, whatever the server says.
-        let stranger = TestCa::new("a CA the server never used");
-        let refused = RedisStore::builder(server.url())
-            .ca_pem(stranger.cert_pem())
-            .timeout(Duration::from_secs(2))
-            .connect()
-            .await
-            .expect_err("a certificate the CA did not sign");
-        assert!(
-            format!("{refused:?}").contains("UnknownIssuer"),
-            "refused for its issuer: {refused:?}"
-        );
+        a_stranger_ca_is_refused(&server.url()).await;
 
         // The system's roots do not hold the test CA either.
         assert!(
@@ -103,4 +93,20 @@ fn certificate_checks_cannot_be_turned_off() {
 
 fn tempfile_dir() -> tempfile::TempDir {
     tempfile::tempdir().expect("a temporary directory")
+}
+
+/// A store that trusts only a CA that never signed the server's
+/// certificate cannot connect to `url`, and says why.
+pub(crate) async fn a_stranger_ca_is_refused(url: &str) {
+    let stranger = TestCa::new("a CA the server never used");
+    let refused = RedisStore::builder(url)
+        .ca_pem(stranger.cert_pem())
+        .timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .expect_err("a certificate the CA did not sign");
+    assert!(
+        format!("{refused:?}").contains("UnknownIssuer"),
+        "refused for its issuer: {refused:?}"
+    );
 }

@@ -63,6 +63,7 @@ pub mod consumer;
 pub mod crash;
 mod model;
 pub mod private_redis;
+pub mod redis_cluster;
 pub mod tls;
 
 pub use checks::*;

@@ -1,7 +1,8 @@
 //! Store URLs: parsed once, where a setting enters (`--store`, `IDEM_STORE`,
 //! the config file), into a [`StoreUrl`] that every command opens the same
 //! way. `memory:`, `sqlite:PATH` (or `sqlite://PATH`), `postgres://...`,
-//! `redis://...` and `mysql://...`; PostgreSQL, Redis and MySQL only when
+//! `redis://...` (`rediss://`), `redis-cluster://...` (`rediss-cluster://`)
+//! and `mysql://...`; PostgreSQL, Redis and MySQL only when
 //! the binary was built with their features (all on by default).
 
 use std::fmt;
@@ -24,7 +25,7 @@ pub(crate) enum StoreUrl {
     /// A PostgreSQL connection URL (may hold a password).
     #[cfg(feature = "postgres")]
     Postgres(String),
-    /// A Redis URL (may hold a password).
+    /// A Redis or Redis Cluster URL (may hold a password).
     #[cfg(feature = "redis")]
     Redis(String),
     /// A MySQL or MariaDB URL (may hold a password); idem's tables live in
@@ -44,7 +45,7 @@ pub(crate) enum StoreUrlError {
     )]
     NotBuiltIn(&'static str),
     #[error(
-        "unknown store {0:?}: use memory:, sqlite:PATH, postgres://..., redis://..., rediss://... or mysql://..."
+        "unknown store {0:?}: use memory:, sqlite:PATH, postgres://..., redis://..., rediss://..., redis-cluster://..., rediss-cluster://... or mysql://..."
     )]
     Unknown(String),
     /// The driver cannot read the URL (its message names the part, never
@@ -77,7 +78,15 @@ impl FromStr for StoreUrl {
             #[cfg(not(feature = "postgres"))]
             return Err(StoreUrlError::NotBuiltIn("postgres"));
         }
-        if url.starts_with("redis://") || url.starts_with("rediss://") {
+        if [
+            "redis://",
+            "rediss://",
+            "redis-cluster://",
+            "rediss-cluster://",
+        ]
+        .iter()
+        .any(|scheme| url.starts_with(scheme))
+        {
             #[cfg(feature = "redis")]
             return idem_redis::RedisStore::builder(url)
                 .check()

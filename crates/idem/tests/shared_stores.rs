@@ -14,8 +14,8 @@ fn upstream_child() {
 }
 
 /// 64 concurrent requests with one key, split across two gateways that
-/// share `store`: the upstream executes once.
-async fn two_gateways_one_execution(store: &str, tag: &str) {
+/// share `store`: the upstream executes once. Returns the key.
+async fn two_gateways_one_execution(store: &str, tag: &str) -> String {
     let (_up, up) = upstream();
     let a = gateway(&up, store, &[]).await;
     let b = gateway(&up, store, &[]).await;
@@ -53,6 +53,7 @@ async fn two_gateways_one_execution(store: &str, tag: &str) {
         1,
         "one upstream execution across both gateways"
     );
+    key
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -69,6 +70,27 @@ async fn two_gateways_on_redis_execute_once() {
         return;
     };
     two_gateways_one_execution(&url, "redis").await;
+}
+
+/// The cluster test starts its own three masters on free ports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_on_a_redis_cluster_execute_once() {
+    let Some(cluster) = idem_testkit::redis_cluster::RedisCluster::start(3, 0) else {
+        return;
+    };
+    let key = two_gateways_one_execution(&cluster.url(), "redis-cluster").await;
+    // The operator commands read the same cluster.
+    let url = cluster.url();
+    let (code, out, err) = idem(&["records", "get", &key, "--store", &url]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("\"completed\""), "{out}");
+    for args in [
+        ["records", "stale", "--store", &url],
+        ["records", "purge", "--store", &url],
+    ] {
+        let (code, _, err) = idem(&args);
+        assert_eq!(code, 0, "{args:?}: {err}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

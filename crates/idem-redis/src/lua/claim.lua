@@ -1,8 +1,10 @@
--- KEYS[1] record, KEYS[2] fence counter, KEYS[3] in-progress index (zset by lease end),
+-- KEYS[1] record, KEYS[2] fence counter (the prefix's on one server, the
+-- record's own on a cluster), KEYS[3] in-progress index (zset by lease end),
 -- KEYS[4] the (scope, key) index (zset: operation by created_at)
 -- ARGV: fingerprint, now, lease_until, expires_at (milliseconds), operation,
 --       drop_at (when Redis may drop the keys: expires_at plus a margin for
---       a Redis clock that runs ahead of the callers')
+--       a Redis clock that runs ahead of the callers'), fence kind ('1': the
+--       counter is the record's own, '0': the prefix's)
 -- Reply: {outcome, fence, created_at, lease_until, expires_at, status,
 --         resource_id, response_status, response_headers, response_body}
 -- outcome: 0 acquired, 1 in flight, 2 replay, 3 mismatch, 4 takeover
@@ -22,7 +24,26 @@ if r[1] and tonumber(r[6]) > now then
   end
   taken = 4
 end
-local f = redis.call('INCR', KEYS[2])
+local f
+if ARGV[7] == '1' then
+  -- A fence of the record's own: above every fence this record ever had
+  -- (the counter lives as long as the record's keys), and at least the
+  -- server's clock in microseconds, so a counter that has expired starts
+  -- again above every fence it gave while it lived. Formatted by hand:
+  -- Lua would print a number this large with an exponent.
+  local t = redis.call('TIME')
+  local n = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local last = tonumber(redis.call('GET', KEYS[2]) or '0')
+  if r[3] and tonumber(r[3]) > last then last = tonumber(r[3]) end
+  if last >= n then n = last + 1 end
+  f = string.format('%.0f', n)
+  redis.call('SET', KEYS[2], f, 'KEEPTTL')
+  if redis.call('PEXPIREAT', KEYS[2], ARGV[6], 'GT') == 0 then
+    redis.call('PEXPIREAT', KEYS[2], ARGV[6], 'NX')
+  end
+else
+  f = redis.call('INCR', KEYS[2])
+end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'fp', ARGV[1], 'st', '0', 'fence', f, 'ca', ARGV[2], 'lu', ARGV[3], 'ea', ARGV[4])
 redis.call('PEXPIREAT', KEYS[1], ARGV[6])

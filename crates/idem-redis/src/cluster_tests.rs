@@ -1,0 +1,427 @@
+//! Tests against Redis Clusters the tests start themselves: one of three
+//! masters shared by the conformance suite and the races (each test under
+//! a prefix of its own), and clusters with a replica per master for the
+//! failover tests, which kill masters.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use idem_core::{Claim, Completion, Operation, StoreErrorKind};
+use idem_testkit::redis_cluster::RedisCluster;
+use idem_testkit::{CleanupOnDrop, Guarded, request, response, t0, unique_id};
+
+use super::*;
+
+fn shared() -> Option<&'static RedisCluster> {
+    static CLUSTER: OnceLock<Option<RedisCluster>> = OnceLock::new();
+    CLUSTER.get_or_init(|| RedisCluster::start(3, 0)).as_ref()
+}
+
+fn prefix() -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "idem-cluster-test-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+async fn connect(url: &str, prefix: &str) -> RedisStore {
+    RedisStore::builder(url)
+        .prefix(prefix)
+        .connect()
+        .await
+        .expect("connect to the test cluster")
+}
+
+fn guarded(store: RedisStore) -> Guarded<RedisStore> {
+    let cleaner = store.clone();
+    Guarded::new(
+        store,
+        CleanupOnDrop::new(move || async move {
+            let _ = cleaner.delete_all().await;
+        }),
+    )
+}
+
+async fn fresh() -> Option<Guarded<RedisStore>> {
+    let cluster = shared()?;
+    Some(guarded(connect(&cluster.url(), &prefix()).await))
+}
+
+mod conformance {
+    use super::*;
+
+    idem_testkit::conformance_tests!(optional async { fresh().await });
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    idem_testkit::runtime()
+}
+
+/// Two connections to the cluster (as two instances), 64 tasks, one key:
+/// one winner.
+#[test]
+fn cross_instance_race_has_one_winner_on_a_cluster() {
+    let Some(cluster) = shared() else { return };
+    rt().block_on(async {
+        let prefix = prefix();
+        let a = std::sync::Arc::new(guarded(connect(&cluster.url(), &prefix).await));
+        let b = std::sync::Arc::new(guarded(connect(&cluster.url(), &prefix).await));
+        idem_testkit::race_one_key_across(&[a, b], 64).await;
+    });
+}
+
+/// A record's keys (hash, fence, `(scope, key)` index, in-progress index)
+/// share one slot, and the buckets spread records over every master.
+#[test]
+fn a_records_keys_share_a_slot_and_records_reach_every_master() {
+    let Some(cluster) = shared() else { return };
+    rt().block_on(async {
+        let store = guarded(connect(&cluster.url(), &prefix()).await);
+        let mut masters = std::collections::BTreeSet::new();
+        for i in 0..64 {
+            let id = unique_id(&format!("spread-{i}"));
+            let keys = &store.store().keys;
+            let slot = |k: &str| cluster.cli(cluster.ports()[0], &["CLUSTER", "KEYSLOT", k]);
+            let record_slot = slot(&keys.record(&id));
+            for other in [
+                keys.fence(&id),
+                keys.key_index(&id.scope, &id.key),
+                keys.in_progress(&id.scope, &id.key),
+            ] {
+                assert_eq!(slot(&other), record_slot, "{other}");
+            }
+            let claim = store.claim(&request(&id, "{}", t0())).await.expect("claim");
+            assert!(matches!(claim, Claim::Acquired(_)), "{claim:?}");
+            masters.insert(cluster.master_of(&keys.record(&id)).0);
+        }
+        assert_eq!(masters.len(), 3, "64 records reached {masters:?}");
+    });
+}
+
+/// Fences of one record grow across release and takeover, and stay above
+/// every earlier one after its fence counter is gone (expired with the
+/// record): the counter starts again from the server's clock.
+#[test]
+fn a_records_fences_keep_growing_without_a_global_counter() {
+    let Some(cluster) = shared() else { return };
+    rt().block_on(async {
+        let store = guarded(connect(&cluster.url(), &prefix()).await);
+        let id = unique_id("fences");
+        let mut last = 0;
+        for round in 0..3 {
+            let Claim::Acquired(lease) = store.claim(&request(&id, "{}", t0())).await.unwrap()
+            else {
+                panic!("round {round}: not acquired");
+            };
+            assert!(
+                lease.fence.get() > last,
+                "round {round}: {lease:?} after {last}"
+            );
+            last = lease.fence.get();
+            let settled = store.release(&id, lease.fence, t0()).await.unwrap();
+            assert_eq!(settled, Settled::Applied, "round {round}");
+            if round == 1 {
+                // As if the counter had expired with the record.
+                let mut conn = store.store().conn.clone();
+                let _: i64 = redis::cmd("DEL")
+                    .arg(store.store().keys.fence(&id))
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+            }
+        }
+        // A stale fence changes nothing.
+        let Claim::Acquired(lease) = store.claim(&request(&id, "{}", t0())).await.unwrap() else {
+            panic!("not acquired");
+        };
+        let stale = Fence::new(last);
+        let done = Completion::completed(response(201, "stale"));
+        assert_eq!(
+            store.complete(&id, stale, done, t0()).await.unwrap(),
+            Settled::StaleFence
+        );
+        let done = Completion::completed(response(201, "mine"));
+        assert!(store.complete(&id, lease.fence, done, t0()).await.unwrap() == Settled::Applied);
+    });
+}
+
+#[test]
+fn cluster_urls_are_read_without_showing_them() {
+    for (url, wanted) in [
+        ("redis-cluster://127.0.0.1:7000", None),
+        (
+            "redis-cluster://u:p%40ss@10.0.0.1:7000,10.0.0.2:7001/",
+            None,
+        ),
+        (
+            "redis-cluster://h1:7000?wait_replicas=1&wait_timeout_ms=300",
+            None,
+        ),
+        ("redis-cluster://h1:7000/0", None),
+        ("redis-cluster://", Some("HOST:PORT")),
+        ("redis-cluster://h1:7000,,h2:7001", Some("HOST:PORT")),
+        ("redis-cluster://h1", Some("HOST:PORT")),
+        ("redis-cluster://u:s3cret@h1:7000/2", Some("database 0")),
+        (
+            "redis-cluster://u:s3cret@h1:7000?protocol=resp3",
+            Some("no options"),
+        ),
+        (
+            "redis-cluster://u:s3cret@h1:7000#insecure",
+            Some("no options"),
+        ),
+        ("redis-cluster://u:s3cret@h1:notaport", Some("invalid URL")),
+        (
+            "redis://h1:6379?wait_replicas=x",
+            Some("number of replicas"),
+        ),
+        (
+            "redis://h1:6379?wait_timeout_ms=100",
+            Some("without wait_replicas"),
+        ),
+        (
+            "redis://h1:6379?wait_replicas=1&wait_timeout_ms=2000",
+            Some("shorter"),
+        ),
+        (
+            "redis://h1:6379?wait_replicas=1&wait_timeout_ms=0",
+            Some("above zero"),
+        ),
+    ] {
+        let checked = RedisStore::builder(url).check();
+        match wanted {
+            None => assert!(checked.is_ok(), "{url}: {checked:?}"),
+            Some(part) => {
+                let e = checked.expect_err(url);
+                assert_eq!(e.kind(), StoreErrorKind::Setup, "{url}");
+                assert!(e.to_string().contains(part), "{url}: {e}");
+                assert!(!e.to_string().contains("s3cret"), "{url}: {e}");
+            }
+        }
+    }
+    let braces = RedisStore::builder("redis-cluster://h1:7000")
+        .prefix("idem{x}")
+        .check()
+        .expect_err("a brace in a cluster prefix");
+    assert!(braces.to_string().contains("'{'"), "{braces}");
+    assert!(
+        RedisStore::builder("redis://h1:6379")
+            .prefix("idem{x}")
+            .check()
+            .is_ok(),
+        "one server has no slots to split"
+    );
+}
+
+/// A password shared by the cluster's nodes for the failover tests, whose
+/// store connects as its own user so that a master's default user can be
+/// shut out (which keeps its replica from reconnecting).
+const USER: &str = "idem";
+const PASSWORD: &str = "failover-test";
+
+fn failover_cluster() -> Option<RedisCluster> {
+    let cluster = RedisCluster::start(3, 1)?;
+    cluster.on_every_node(&[
+        "ACL",
+        "SETUSER",
+        USER,
+        "on",
+        &format!(">{PASSWORD}"),
+        "~*",
+        "&*",
+        "+@all",
+    ]);
+    Some(cluster)
+}
+
+async fn failover_store(cluster: &RedisCluster, prefix: &str, wait: bool) -> RedisStore {
+    let url = cluster.url_as(&format!("{USER}:{PASSWORD}@"));
+    // Generous times: the machine runs a dozen servers and the other tests.
+    let builder = RedisStore::builder(url)
+        .prefix(prefix)
+        .timeout(Duration::from_secs(5));
+    let builder = if wait {
+        builder.wait_for_replicas(1, Duration::from_millis(1500))
+    } else {
+        builder
+    };
+    builder
+        .connect()
+        .await
+        .expect("connect to the failover cluster")
+}
+
+/// Kills the master on `port` and waits until its replica serves its slots.
+fn fail_over(cluster: &mut RedisCluster, port: u16) {
+    cluster.kill(port);
+    cluster.wait_ready(Duration::from_secs(30));
+}
+
+/// With `wait_for_replicas`, every write the store acknowledged is on a
+/// replica: kill the master that holds them, and its replica, now master,
+/// answers with every record as it was.
+#[test]
+fn acknowledged_writes_survive_a_failover_with_wait() {
+    let Some(mut cluster) = failover_cluster() else {
+        return;
+    };
+    let prefix = prefix();
+    let ids: Vec<_> = (0..40).map(|i| unique_id(&format!("kept-{i}"))).collect();
+    let victim = rt().block_on(async {
+        let store = failover_store(&cluster, &prefix, true).await;
+        for (i, id) in ids.iter().enumerate() {
+            let Claim::Acquired(lease) = store.claim(&request(id, "{}", t0())).await.unwrap()
+            else {
+                panic!("{id:?} not acquired");
+            };
+            // Every other record is left in progress.
+            if i % 2 == 0 {
+                let done = Completion::completed(response(201, &format!("done-{i}")));
+                assert!(
+                    store.complete(id, lease.fence, done, t0()).await.unwrap() == Settled::Applied
+                );
+            }
+        }
+        cluster.master_of(&store.record_key(&ids[0])).0
+    });
+    fail_over(&mut cluster, victim);
+    rt().block_on(async {
+        let store = failover_store(&cluster, &prefix, true).await;
+        for (i, id) in ids.iter().enumerate() {
+            let record = store
+                .get(id, t0())
+                .await
+                .unwrap()
+                .unwrap_or_else(|| panic!("record {i} lost"));
+            if i % 2 == 0 {
+                assert_eq!(
+                    record.response,
+                    Some(response(201, &format!("done-{i}"))),
+                    "record {i}"
+                );
+            } else {
+                assert_eq!(record.status, idem_core::Status::InProgress, "record {i}");
+            }
+        }
+        let _ = store.delete_all().await;
+    });
+}
+
+/// Without a replica's acknowledgement the store still answers (the loss
+/// window of asynchronous replication): cut a master's replica off, claim
+/// a key there, kill the master, and the promoted replica never saw the
+/// claim, so the key executes again. With `wait_for_replicas` the same
+/// claim fails closed instead of being acknowledged.
+#[test]
+fn without_wait_an_acknowledged_claim_is_lost_in_a_failover() {
+    let Some(mut cluster) = failover_cluster() else {
+        return;
+    };
+    let prefix = prefix();
+    let lost = unique_id("lost");
+    let refused = RecordId::new(
+        lost.scope.clone(),
+        Operation::from_raw("POST /other"),
+        lost.key.clone(),
+    );
+    let master = rt().block_on(async {
+        let store = failover_store(&cluster, &prefix, false).await;
+        let waiting = failover_store(&cluster, &prefix, true).await;
+        let (master, replicas) = cluster.master_of(&store.record_key(&lost));
+        assert_eq!(
+            cluster.master_of(&store.record_key(&refused)).0,
+            master,
+            "one (scope, key): one bucket"
+        );
+        // Shut the replica out: the master refuses its default user, then
+        // drops its replication link; the replica cannot log in again.
+        let as_idem = |args: &[&str]| {
+            let mut all = vec!["--user", USER, "--pass", PASSWORD];
+            all.extend_from_slice(args);
+            cluster.cli(master, &all)
+        };
+        as_idem(&["ACL", "SETUSER", "default", "off"]);
+        as_idem(&["CLIENT", "KILL", "TYPE", "replica"]);
+        let replica = replicas[0];
+        cluster.wait_for(Duration::from_secs(10), "the replica's link down", |c| {
+            c.cli(replica, &["INFO", "replication"])
+                .contains("master_link_status:down")
+        });
+
+        let claim = store.claim(&request(&lost, "{}", t0())).await.unwrap();
+        assert!(
+            matches!(claim, Claim::Acquired(_)),
+            "acknowledged: {claim:?}"
+        );
+        let e = waiting
+            .claim(&request(&refused, "{}", t0()))
+            .await
+            .expect_err("no replica acknowledges");
+        assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e}");
+        assert!(e.to_string().contains("replicas"), "{e}");
+        master
+    });
+    fail_over(&mut cluster, master);
+    rt().block_on(async {
+        let store = failover_store(&cluster, &prefix, false).await;
+        assert!(
+            store.get(&lost, t0()).await.unwrap().is_none(),
+            "the claim the master acknowledged is gone with it"
+        );
+        let again = store.claim(&request(&lost, "{}", t0())).await.unwrap();
+        assert!(
+            matches!(again, Claim::Acquired(_)),
+            "so the key executes again: {again:?}"
+        );
+        let _ = store.delete_all().await;
+    });
+}
+
+/// `rediss-cluster://`: a cluster that speaks only TLS, its certificate
+/// from a CA made here. With that CA the store works (the client follows
+/// the slots to every master over TLS); with another CA it is refused.
+#[test]
+fn a_tls_cluster_checks_every_nodes_certificate() {
+    use idem_testkit::redis_cluster::ClusterTls;
+    use idem_testkit::tls::{TestCa, write};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ca = TestCa::new("idem cluster test CA");
+    let issued = ca.issue(&["127.0.0.1", "localhost"]);
+    let tls = ClusterTls {
+        cert: write(dir.path(), "node.pem", &issued.cert_pem),
+        key: write(dir.path(), "node.key", &issued.key_pem),
+        ca: write(dir.path(), "ca.pem", &ca.cert_pem()),
+    };
+    let Some(cluster) = RedisCluster::start_tls(3, 0, &tls) else {
+        return;
+    };
+    assert!(cluster.url().starts_with("rediss-cluster://"));
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    rt().block_on(async {
+        let store = RedisStore::builder(cluster.url())
+            .prefix(prefix())
+            .ca_pem(ca.cert_pem())
+            .connect()
+            .await
+            .expect("connect over TLS");
+        let store = guarded(store);
+        let mut masters = std::collections::BTreeSet::new();
+        for i in 0..32 {
+            let id = unique_id(&format!("tls-{i}"));
+            let claim = store.claim(&request(&id, "{}", t0())).await.unwrap();
+            assert!(matches!(claim, Claim::Acquired(_)), "{claim:?}");
+            masters.insert(cluster.master_of(&store.store().record_key(&id)).0);
+        }
+        assert_eq!(masters.len(), 3, "every master reached over TLS");
+
+        crate::tls_tests::a_stranger_ca_is_refused(&cluster.url()).await;
+        let plain = RedisStore::builder(cluster.url().replacen("rediss-", "redis-", 1))
+            .timeout(Duration::from_secs(2))
+            .connect()
+            .await;
+        assert!(plain.is_err(), "no plain-text way in");
+    });
+}

@@ -1,0 +1,179 @@
+//! The connection a store talks through: one server's multiplexed
+//! connection, or a cluster's (one multiplexed connection per node, each
+//! command sent to the master of its first key's slot).
+
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
+
+/// One server or a cluster. Clones share the connections.
+#[derive(Clone)]
+pub(crate) enum Connection {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Connection::Single(c) => c.req_packed_command(cmd),
+            Connection::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Connection::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Connection::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Connection::Single(c) => c.get_db(),
+            Connection::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// Where a command that names no key goes: the one server, or the master
+/// that serves a slot.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Node {
+    Only,
+    MasterOf(Route),
+}
+
+impl Connection {
+    /// Sends `cmd` (which names no key) to `node`.
+    async fn send_to(&mut self, node: Node, cmd: Cmd) -> RedisResult<Value> {
+        match (self, node) {
+            (Connection::Cluster(c), Node::MasterOf(route)) => {
+                c.route_command(
+                    cmd,
+                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+                )
+                .await
+            }
+            (c, _) => cmd.query_async(c).await,
+        }
+    }
+
+    /// `WAIT replicas timeout` on the server that holds `key` (on a
+    /// cluster, its slot's master, through the connection that carried the
+    /// write): how many replicas acknowledged every write this connection
+    /// made to it.
+    pub(crate) async fn wait_for_replicas(
+        &mut self,
+        key: &str,
+        replicas: u32,
+        timeout: Duration,
+    ) -> RedisResult<i64> {
+        let mut cmd = redis::cmd("WAIT");
+        cmd.arg(replicas).arg(
+            u64::try_from(timeout.as_millis())
+                .unwrap_or(u64::MAX)
+                .max(1),
+        );
+        let node = match self {
+            Connection::Single(_) => Node::Only,
+            Connection::Cluster(_) => Node::MasterOf(Route::with_key(key, SlotAddr::Master)),
+        };
+        let reply = self.send_to(node, cmd).await?;
+        Ok(redis::from_redis_value(reply)?)
+    }
+
+    /// Every master: the one server, or one slot of each master of the
+    /// cluster (from `CLUSTER SLOTS`), for commands that must reach them
+    /// all (`SCAN`).
+    pub(crate) async fn masters(&mut self) -> RedisResult<Vec<Node>> {
+        let Connection::Cluster(_) = self else {
+            return Ok(vec![Node::Only]);
+        };
+        let slots: Vec<Value> = redis::cmd("CLUSTER").arg("SLOTS").query_async(self).await?;
+        let mut seen: Vec<(Vec<u8>, u16)> = Vec::new();
+        for range in &slots {
+            // [start, end, [host, port, id, ...], replicas...]
+            let Value::Array(parts) = range else { continue };
+            let (Some(Value::Int(start)), Some(Value::Array(master))) =
+                (parts.first(), parts.get(2))
+            else {
+                continue;
+            };
+            let id = match (master.get(2), master.first(), master.get(1)) {
+                (Some(Value::BulkString(id)), _, _) => id.clone(),
+                (_, Some(Value::BulkString(host)), Some(Value::Int(port))) => {
+                    let mut id = host.clone();
+                    id.extend_from_slice(&port.to_le_bytes());
+                    id
+                }
+                _ => continue,
+            };
+            let Ok(start) = u16::try_from(*start) else {
+                continue;
+            };
+            if !seen.iter().any(|(known, _)| *known == id) {
+                seen.push((id, start));
+            }
+        }
+        Ok(seen
+            .into_iter()
+            .map(|(_, slot)| Node::MasterOf(Route::new(slot, SlotAddr::Master)))
+            .collect())
+    }
+
+    /// A `SCAN` of every master for keys matching `pattern`, read a page
+    /// at a time with [`Scan::next_page`].
+    pub(crate) async fn scan(&mut self, pattern: String) -> RedisResult<Scan> {
+        let mut nodes = self.masters().await?;
+        nodes.reverse();
+        Ok(Scan {
+            nodes,
+            cursor: 0,
+            pattern,
+        })
+    }
+}
+
+/// A `SCAN` in progress over every master, one after the other.
+#[derive(Debug)]
+pub(crate) struct Scan {
+    /// The masters still to scan, the current one last.
+    nodes: Vec<Node>,
+    cursor: u64,
+    pattern: String,
+}
+
+impl Scan {
+    /// The next page of keys (bounded, so no call blocks a server; it may
+    /// be empty), or `None` when every master has been scanned.
+    pub(crate) async fn next_page(
+        &mut self,
+        conn: &mut Connection,
+    ) -> RedisResult<Option<Vec<String>>> {
+        let Some(&node) = self.nodes.last() else {
+            return Ok(None);
+        };
+        let mut cmd = redis::cmd("SCAN");
+        cmd.arg(self.cursor)
+            .arg("MATCH")
+            .arg(&self.pattern)
+            .arg("COUNT")
+            .arg(500);
+        let reply = conn.send_to(node, cmd).await?;
+        let (next, keys): (u64, Vec<String>) = redis::from_redis_value(reply)?;
+        self.cursor = next;
+        if next == 0 {
+            self.nodes.pop();
+        }
+        Ok(Some(keys))
+    }
+}
