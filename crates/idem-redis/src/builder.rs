@@ -69,8 +69,9 @@ impl RedisStoreBuilder {
     }
 
     /// Answer only after `replicas` replicas acknowledged each write
-    /// (Redis `WAIT` after every claim that took a key, every completion
-    /// and every release), waiting at most `timeout` for them; when fewer
+    /// (Redis `WAIT` after every claim that took a key, every replay,
+    /// every completion and every release, on the same connection), waiting
+    /// at most `timeout` for them; when fewer
     /// acknowledge in time the operation fails closed (`Unavailable`),
     /// though the write stands on the master. Without it (the default) the
     /// store answers as soon as the master has the write, and a failover
@@ -252,6 +253,12 @@ fn parse_url(url: &str) -> Result<(Target, Option<ReplicaWait>), StoreError> {
     let (scheme, rest) = url
         .split_once("://")
         .ok_or_else(|| setup("redis store: invalid URL: no scheme"))?;
+    // The user info runs to the last '@', so a raw '@', '?' or '#' in a
+    // password is covered; the nodes and the query follow.
+    let (user_info, rest) = match rest.rsplit_once('@') {
+        Some((u, r)) => (Some(u), r),
+        None => (None, rest),
+    };
     let (rest, query) = match rest.split_once('?') {
         Some((r, q)) => (r, Some(q)),
         None => (rest, None),
@@ -261,7 +268,12 @@ fn parse_url(url: &str) -> Result<(Target, Option<ReplicaWait>), StoreError> {
         "redis-cluster" => "redis",
         "rediss-cluster" => "rediss",
         _ => {
-            let mut url = format!("{scheme}://{rest}");
+            let mut url = format!("{scheme}://");
+            if let Some(u) = user_info {
+                url.push_str(u);
+                url.push('@');
+            }
+            url.push_str(rest);
             if !driver_query.is_empty() {
                 url.push('?');
                 url.push_str(&driver_query.join("&"));
@@ -275,12 +287,7 @@ fn parse_url(url: &str) -> Result<(Target, Option<ReplicaWait>), StoreError> {
             "redis store: a cluster URL takes no options but wait_replicas and wait_timeout_ms",
         ));
     }
-    // The user info runs to the last '@', so a raw '@' in a password is
-    // covered; the nodes follow.
-    let (user_info, nodes) = match rest.rsplit_once('@') {
-        Some((u, n)) => (Some(u), n),
-        None => (None, rest),
-    };
+    let nodes = rest;
     let nodes = match nodes.split_once('/') {
         None => nodes,
         Some((n, "" | "0")) => n,
@@ -312,19 +319,24 @@ fn parse_url(url: &str) -> Result<(Target, Option<ReplicaWait>), StoreError> {
 /// the rest for the driver.
 fn read_query(query: Option<&str>) -> Result<(Option<ReplicaWait>, Vec<&str>), StoreError> {
     let (mut replicas, mut timeout, mut rest) = (None, None, Vec::new());
+    let twice = || setup("redis store: wait_replicas and wait_timeout_ms may each be given once");
     for param in query.into_iter().flat_map(|q| q.split('&')) {
         match param.split_once('=') {
             Some(("wait_replicas", n)) => {
-                replicas =
-                    Some(n.parse::<u32>().map_err(|_| {
-                        setup("redis store: wait_replicas is a number of replicas")
-                    })?);
+                let n = n
+                    .parse::<u32>()
+                    .map_err(|_| setup("redis store: wait_replicas is a number of replicas"))?;
+                if replicas.replace(n).is_some() {
+                    return Err(twice());
+                }
             }
             Some(("wait_timeout_ms", t)) => {
                 let ms = t.parse::<u64>().map_err(|_| {
                     setup("redis store: wait_timeout_ms is a number of milliseconds")
                 })?;
-                timeout = Some(Duration::from_millis(ms));
+                if timeout.replace(Duration::from_millis(ms)).is_some() {
+                    return Err(twice());
+                }
             }
             _ => rest.push(param),
         }

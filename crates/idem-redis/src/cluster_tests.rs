@@ -13,12 +13,12 @@ use idem_testkit::{CleanupOnDrop, Guarded, request, response, t0, unique_id};
 
 use super::*;
 
-fn shared() -> Option<&'static RedisCluster> {
+pub(crate) fn shared() -> Option<&'static RedisCluster> {
     static CLUSTER: OnceLock<Option<RedisCluster>> = OnceLock::new();
     CLUSTER.get_or_init(|| RedisCluster::start(3, 0)).as_ref()
 }
 
-fn prefix() -> String {
+pub(crate) fn prefix() -> String {
     static N: AtomicU32 = AtomicU32::new(0);
     format!(
         "idem-cluster-test-{}-{}",
@@ -27,9 +27,11 @@ fn prefix() -> String {
     )
 }
 
-async fn connect(url: &str, prefix: &str) -> RedisStore {
+pub(crate) async fn connect(url: &str, prefix: &str) -> RedisStore {
+    // Generous times: the machine runs a dozen servers and the other tests.
     RedisStore::builder(url)
         .prefix(prefix)
+        .timeout(Duration::from_secs(5))
         .connect()
         .await
         .expect("connect to the test cluster")
@@ -219,10 +221,12 @@ fn cluster_urls_are_read_without_showing_them() {
 /// A password shared by the cluster's nodes for the failover tests, whose
 /// store connects as its own user so that a master's default user can be
 /// shut out (which keeps its replica from reconnecting).
-const USER: &str = "idem";
-const PASSWORD: &str = "failover-test";
+pub(crate) const USER: &str = "idem";
+pub(crate) const PASSWORD: &str = "failover-test";
 
-fn failover_cluster() -> Option<RedisCluster> {
+/// Three masters with a replica each, and a user for the store on every
+/// node.
+pub(crate) fn failover_cluster() -> Option<RedisCluster> {
     let cluster = RedisCluster::start(3, 1)?;
     cluster.on_every_node(&[
         "ACL",
@@ -237,7 +241,7 @@ fn failover_cluster() -> Option<RedisCluster> {
     Some(cluster)
 }
 
-async fn failover_store(cluster: &RedisCluster, prefix: &str, wait: bool) -> RedisStore {
+pub(crate) async fn failover_store(cluster: &RedisCluster, prefix: &str, wait: bool) -> RedisStore {
     let url = cluster.url_as(&format!("{USER}:{PASSWORD}@"));
     // Generous times: the machine runs a dozen servers and the other tests.
     let builder = RedisStore::builder(url)
@@ -252,6 +256,23 @@ async fn failover_store(cluster: &RedisCluster, prefix: &str, wait: bool) -> Red
         .connect()
         .await
         .expect("connect to the failover cluster")
+}
+
+/// Cuts `replica` off `master` for good: the master refuses its default
+/// user (which the replica logs in as), then drops its replication link.
+/// The master still serves the store's user.
+pub(crate) fn shut_replica_out(cluster: &RedisCluster, master: u16, replica: u16) {
+    let as_store = |args: &[&str]| {
+        let mut all = vec!["--user", USER, "--pass", PASSWORD];
+        all.extend_from_slice(args);
+        cluster.cli(master, &all)
+    };
+    as_store(&["ACL", "SETUSER", "default", "off"]);
+    as_store(&["CLIENT", "KILL", "TYPE", "replica"]);
+    cluster.wait_for(Duration::from_secs(10), "the replica's link down", |c| {
+        c.cli(replica, &["INFO", "replication"])
+            .contains("master_link_status:down")
+    });
 }
 
 /// Kills the master on `port` and waits until its replica serves its slots.
@@ -336,20 +357,7 @@ fn without_wait_an_acknowledged_claim_is_lost_in_a_failover() {
             master,
             "one (scope, key): one bucket"
         );
-        // Shut the replica out: the master refuses its default user, then
-        // drops its replication link; the replica cannot log in again.
-        let as_idem = |args: &[&str]| {
-            let mut all = vec!["--user", USER, "--pass", PASSWORD];
-            all.extend_from_slice(args);
-            cluster.cli(master, &all)
-        };
-        as_idem(&["ACL", "SETUSER", "default", "off"]);
-        as_idem(&["CLIENT", "KILL", "TYPE", "replica"]);
-        let replica = replicas[0];
-        cluster.wait_for(Duration::from_secs(10), "the replica's link down", |c| {
-            c.cli(replica, &["INFO", "replication"])
-                .contains("master_link_status:down")
-        });
+        shut_replica_out(&cluster, master, replicas[0]);
 
         let claim = store.claim(&request(&lost, "{}", t0())).await.unwrap();
         assert!(

@@ -7,7 +7,11 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
+use redis::{
+    Cmd, ErrorKind, FromRedisValue, Pipeline, RedisFuture, RedisResult, ServerErrorKind, Value,
+};
+
+use crate::scripts::ScriptCall;
 
 /// One server or a cluster. Clones share the connections.
 #[derive(Clone)]
@@ -67,28 +71,61 @@ impl Connection {
         }
     }
 
-    /// `WAIT replicas timeout` on the server that holds `key` (on a
-    /// cluster, its slot's master, through the connection that carried the
-    /// write): how many replicas acknowledged every write this connection
-    /// made to it.
-    pub(crate) async fn wait_for_replicas(
+    /// Runs a script call. A server that does not know the script
+    /// (`NOSCRIPT`: flushed, restarted, or a replica promoted since) is
+    /// given it, and the call runs again.
+    pub(crate) async fn run<T: FromRedisValue>(&mut self, call: &ScriptCall<'_>) -> RedisResult<T> {
+        match call.command().query_async(self).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                self.load(call).await?;
+                call.command().query_async(self).await
+            }
+            answered => answered,
+        }
+    }
+
+    /// Runs a script call and then `WAIT replicas timeout` in one
+    /// pipeline, so that both go over one connection: `WAIT` counts the
+    /// writes of its own connection, and a reconnection between the two
+    /// would make it count none. Returns the call's reply and how many
+    /// replicas acknowledged every write of that connection so far. If the
+    /// connection drops, the driver may send the whole pipeline again on
+    /// another; the scripts answer a repeated call with a write of their
+    /// own (see `complete.lua`) or with no claim, so the `WAIT` of the
+    /// repeat still covers what the answer stands for.
+    pub(crate) async fn run_then_wait<T: FromRedisValue>(
         &mut self,
-        key: &str,
+        call: &ScriptCall<'_>,
         replicas: u32,
         timeout: Duration,
-    ) -> RedisResult<i64> {
-        let mut cmd = redis::cmd("WAIT");
-        cmd.arg(replicas).arg(
-            u64::try_from(timeout.as_millis())
-                .unwrap_or(u64::MAX)
-                .max(1),
-        );
+    ) -> RedisResult<(T, i64)> {
+        let millis = u64::try_from(timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let pipeline = || {
+            let mut p = redis::pipe();
+            p.add_command(call.command());
+            p.cmd("WAIT").arg(replicas).arg(millis);
+            p
+        };
+        match pipeline().query_async(self).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                self.load(call).await?;
+                pipeline().query_async(self).await
+            }
+            answered => answered,
+        }
+    }
+
+    /// Gives the server that runs `call` its script.
+    async fn load(&mut self, call: &ScriptCall<'_>) -> RedisResult<()> {
         let node = match self {
             Connection::Single(_) => Node::Only,
-            Connection::Cluster(_) => Node::MasterOf(Route::with_key(key, SlotAddr::Master)),
+            Connection::Cluster(_) => {
+                Node::MasterOf(Route::with_key(call.first_key(), SlotAddr::Master))
+            }
         };
-        let reply = self.send_to(node, cmd).await?;
-        Ok(redis::from_redis_value(reply)?)
+        self.send_to(node, call.load_command()).await.map(drop)
     }
 
     /// Every master: the one server, or one slot of each master of the

@@ -84,17 +84,19 @@
 //!   way lets a retry execute again; a completion lost that way leaves the
 //!   record in progress (the retry waits out the lease, then executes
 //!   again). With [`RedisStoreBuilder::wait_for_replicas`] (or
-//!   `?wait_replicas=N` in the URL) the store sends `WAIT N timeout` after
-//!   each write (a claim that took a key, a completion, a release) and
+//!   `?wait_replicas=N` in the URL) the store sends `WAIT N timeout` with
+//!   each write, in one pipeline with it (a claim that took a key, a
+//!   completion, a release, and a replay, which writes the record's status
+//!   again so that the wait covers the completion it answers with) and
 //!   answers only when N replicas have it; if fewer acknowledge in time it
 //!   fails closed with `Unavailable`, though the write stands on the
-//!   master. With N equal to the replicas per master, a replica promoted
+//!   master, and a repeated completion by the same fence waits again
+//!   before it answers. With N equal to the replicas per master, a replica promoted
 //!   by the cluster's own failover holds every write the store
 //!   acknowledged. Still not a consensus system: a manual `CLUSTER
 //!   FAILOVER TAKEOVER` of a lagging replica, or losing a master and all
-//!   its acknowledging replicas at once, can lose writes. A replay read
-//!   from a completion another instance wrote may precede that instance's
-//!   `WAIT`. Cost: see BENCHMARKS.md.
+//!   its acknowledging replicas at once, can lose writes. Cost: see
+//!   BENCHMARKS.md.
 //! - **Hostile keys** can crowd one bucket (the hash is not keyed): that
 //!   loads one master more than the others, and changes nothing else.
 //!
@@ -236,21 +238,29 @@ impl RedisStore {
         Ok(())
     }
 
-    /// With [`RedisStoreBuilder::wait_for_replicas`], waits until enough
-    /// replicas acknowledged this connection's writes to the server that
-    /// holds `key`; fails closed (`Unavailable`) when too few did in time.
-    async fn replicated(&self, conn: &mut Connection, key: &str) -> Result<(), StoreError> {
+    /// Runs a call that may write. With
+    /// [`RedisStoreBuilder::wait_for_replicas`] a `WAIT` follows it on the
+    /// same connection, and an answer that stands for a write (`needs_ack`
+    /// of the reply) fails closed (`Unavailable`) unless enough replicas
+    /// acknowledged it in time.
+    async fn run_acknowledged<T: redis::FromRedisValue>(
+        &self,
+        call: &scripts::ScriptCall<'_>,
+        what: &str,
+        needs_ack: impl FnOnce(&T) -> bool,
+    ) -> Result<T, StoreError> {
+        let mut conn = self.conn.clone();
         let Some(wait) = self.replicas else {
-            return Ok(());
+            return conn.run(call).await.map_err(|e| redis_error(what, e));
         };
-        let acked = conn
-            .wait_for_replicas(key, wait.replicas, wait.timeout)
+        let (reply, acked) = conn
+            .run_then_wait(call, wait.replicas, wait.timeout)
             .await
-            .map_err(|e| redis_error("waiting for replicas", e))?;
-        if acked < i64::from(wait.replicas) {
+            .map_err(|e| redis_error(what, e))?;
+        if needs_ack(&reply) && acked < i64::from(wait.replicas) {
             return Err(not_replicated(acked, wait));
         }
-        Ok(())
+        Ok(reply)
     }
 
     /// Completes (`Some`) or releases (`None`) a record if `fence` still
@@ -261,19 +271,20 @@ impl RedisStore {
         fence: Fence,
         completion: Option<Completion>,
     ) -> Result<Settled, StoreError> {
-        let mut conn = self.conn.clone();
         let key = self.keys.record(id);
         let in_progress = self.keys.in_progress(&id.scope, &id.key);
         let fence = fence.get().to_string();
-        let applied: i64 = match completion {
+        let (call, what) = match completion {
             Some(c) => {
                 let rid = c
                     .resource_id
                     .as_deref()
                     .map(|r| format!("s{r}"))
                     .unwrap_or_default();
-                self.scripts
+                let call = self
+                    .scripts
                     .complete
+                    .call()
                     .key(&key)
                     .key(&in_progress)
                     .arg(fence)
@@ -281,32 +292,37 @@ impl RedisStore {
                     .arg(rid)
                     .arg(c.response.status)
                     .arg(c.response.encode_headers())
-                    .arg(&c.response.body)
-                    .invoke_async(&mut conn)
-                    .await
-                    .map_err(|e| redis_error("completing", e))?
+                    .arg(&c.response.body[..])
+                    .arg(if self.replicas.is_some() { "1" } else { "0" });
+                (call, "completing")
             }
-            None => self
-                .scripts
-                .release
-                .key(&key)
-                .key(&in_progress)
-                .arg(fence)
-                .invoke_async(&mut conn)
-                .await
-                .map_err(|e| redis_error("releasing", e))?,
+            None => {
+                let call = self
+                    .scripts
+                    .release
+                    .call()
+                    .key(&key)
+                    .key(&in_progress)
+                    .arg(fence);
+                (call, "releasing")
+            }
         };
-        if applied == 1 {
-            self.replicated(&mut conn, &key).await?;
-        }
-        Ok(Settled::from_changed(u64::try_from(applied).unwrap_or(0)))
+        // 1: applied; 2 (complete.lua only): this fence completed the
+        // record before, and the script wrote again so that this call's
+        // `WAIT` covers that completion; 0: another fence holds it.
+        let answer: i64 = self
+            .run_acknowledged(&call, what, |answer: &i64| *answer > 0)
+            .await?;
+        Ok(match answer {
+            1 => Settled::Applied,
+            _ => Settled::StaleFence,
+        })
     }
 }
 
 impl Store for RedisStore {
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>> {
         Box::pin(async move {
-            let mut conn = self.conn.clone();
             let lease_until = req.now + req.lease;
             let expires_at = req.now + req.ttl;
             let record = self.keys.record(&req.id);
@@ -314,9 +330,10 @@ impl Store for RedisStore {
                 Layout::Single => "0",
                 Layout::Cluster => "1",
             };
-            let items: Vec<Value> = self
+            let call = self
                 .scripts
                 .claim
+                .call()
                 .key(&record)
                 .key(self.keys.fence(&req.id))
                 .key(self.keys.in_progress(&req.id.scope, &req.id.key))
@@ -328,14 +345,16 @@ impl Store for RedisStore {
                 .arg(req.id.operation.as_str())
                 .arg((expires_at + EXPIRY_MARGIN).as_millis())
                 .arg(per_record_fence)
-                .invoke_async(&mut conn)
-                .await
-                .map_err(|e| redis_error("claiming", e))?;
-            let claim = row::claim_from_reply(req, &items)?;
-            if let Claim::Acquired(_) = claim {
-                self.replicated(&mut conn, &record).await?;
-            }
-            Ok(claim)
+                .arg(if self.replicas.is_some() { "1" } else { "0" });
+            // A claim that took the key, and a replay (whose script wrote
+            // again, so that this `WAIT` covers the completion it answers
+            // with), stand for writes; in flight and mismatch do not.
+            let items: Vec<Value> = self
+                .run_acknowledged(&call, "claiming", |items: &Vec<Value>| {
+                    matches!(items.first(), Some(Value::Int(0 | 2 | 4)))
+                })
+                .await?;
+            row::claim_from_reply(req, &items)
         })
     }
 
@@ -365,12 +384,14 @@ impl Store for RedisStore {
     ) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
         Box::pin(async move {
             let mut conn = self.conn.clone();
-            let items: Vec<Value> = self
+            let call = self
                 .scripts
                 .get
+                .call()
                 .key(self.keys.record(id))
-                .arg(now.as_millis())
-                .invoke_async(&mut conn)
+                .arg(now.as_millis());
+            let items: Vec<Value> = conn
+                .run(&call)
                 .await
                 .map_err(|e| redis_error("reading a record", e))?;
             if items.is_empty() {
@@ -404,8 +425,12 @@ impl Store for RedisStore {
                 // records of one bucket with their bucket's index.
                 let mut groups: std::collections::BTreeMap<String, Vec<String>> =
                     std::collections::BTreeMap::new();
+                // Only keys that are records of this store, named exactly
+                // as it names them: a client's key may hold `}:r:`, which
+                // the pattern lets through for its index or fence.
                 for key in keys {
-                    if let Some(index) = self.keys.in_progress_of(&key) {
+                    if let Some(id) = self.keys.id_of(&key) {
+                        let index = self.keys.in_progress(&id.scope, &id.key);
                         groups.entry(index).or_default().push(key);
                     }
                 }
@@ -413,15 +438,16 @@ impl Store for RedisStore {
                     if purged >= limit {
                         break;
                     }
-                    let mut inv = self.scripts.purge.prepare_invoke();
-                    inv.key(index);
-                    for k in &group {
-                        inv.key(k);
-                    }
-                    let n: i64 = inv
+                    let call = self
+                        .scripts
+                        .purge
+                        .call()
+                        .key(index)
+                        .key(&group)
                         .arg(now.as_millis())
-                        .arg(limit - purged)
-                        .invoke_async(&mut conn)
+                        .arg(limit - purged);
+                    let n: i64 = conn
+                        .run(&call)
                         .await
                         .map_err(|e| redis_error("purging", e))?;
                     purged += usize::try_from(n).unwrap_or(0);
@@ -454,15 +480,17 @@ impl Store for RedisStore {
                     let mut conn = self.conn.clone();
                     let (score, member) = (&score, &member);
                     async move {
-                        let items: Vec<Value> = self
+                        let call = self
                             .scripts
                             .stale
+                            .call()
                             .key(index)
                             .arg(now.as_millis())
                             .arg(score)
                             .arg(member)
-                            .arg(limit)
-                            .invoke_async(&mut conn)
+                            .arg(limit);
+                        let items: Vec<Value> = conn
+                            .run(&call)
                             .await
                             .map_err(|e| redis_error("listing stale records", e))?;
                         row::stale_records_from_reply(&self.keys, &items)
@@ -493,15 +521,17 @@ impl Store for RedisStore {
             }
             let mut conn = self.conn.clone();
             let (head, tail) = self.keys.record_around_operation(scope, key);
-            let items: Vec<Value> = self
+            let call = self
                 .scripts
                 .find
+                .call()
                 .key(self.keys.key_index(scope, key))
                 .arg(now.as_millis())
                 .arg(limit)
                 .arg(head)
-                .arg(tail)
-                .invoke_async(&mut conn)
+                .arg(tail);
+            let items: Vec<Value> = conn
+                .run(&call)
                 .await
                 .map_err(|e| redis_error("finding records by key", e))?;
             row::records_by_key_from_reply(scope, key, &items)
@@ -509,6 +539,8 @@ impl Store for RedisStore {
     }
 }
 
+#[cfg(test)]
+mod cluster_attack_tests;
 #[cfg(test)]
 mod cluster_tests;
 #[cfg(test)]

@@ -3,32 +3,104 @@
 //! atomically by the server.
 
 use idem_core::{Key, Operation, RecordId, Scope};
-use redis::Script;
+use redis::{Cmd, ToRedisArgs};
 
 /// The scripts. Sent by SHA (`EVALSHA`); after a `SCRIPT FLUSH` or a server
-/// restart the first call gets `NOSCRIPT` and the script is loaded again.
-#[derive(Clone)]
+/// restart the first call gets `NOSCRIPT` and the script is loaded again
+/// (see `Connection::run`).
+#[derive(Debug, Clone)]
 pub(crate) struct Scripts {
-    pub(crate) claim: Script,
-    pub(crate) complete: Script,
-    pub(crate) release: Script,
-    pub(crate) get: Script,
-    pub(crate) purge: Script,
-    pub(crate) stale: Script,
-    pub(crate) find: Script,
+    pub(crate) claim: LuaScript,
+    pub(crate) complete: LuaScript,
+    pub(crate) release: LuaScript,
+    pub(crate) get: LuaScript,
+    pub(crate) purge: LuaScript,
+    pub(crate) stale: LuaScript,
+    pub(crate) find: LuaScript,
 }
 
 impl Scripts {
     pub(crate) fn new() -> Scripts {
         Scripts {
-            claim: Script::new(include_str!("lua/claim.lua")),
-            complete: Script::new(include_str!("lua/complete.lua")),
-            release: Script::new(include_str!("lua/release.lua")),
-            get: Script::new(include_str!("lua/get.lua")),
-            purge: Script::new(include_str!("lua/purge.lua")),
-            stale: Script::new(include_str!("lua/stale.lua")),
-            find: Script::new(include_str!("lua/find.lua")),
+            claim: LuaScript::new(include_str!("lua/claim.lua")),
+            complete: LuaScript::new(include_str!("lua/complete.lua")),
+            release: LuaScript::new(include_str!("lua/release.lua")),
+            get: LuaScript::new(include_str!("lua/get.lua")),
+            purge: LuaScript::new(include_str!("lua/purge.lua")),
+            stale: LuaScript::new(include_str!("lua/stale.lua")),
+            find: LuaScript::new(include_str!("lua/find.lua")),
         }
+    }
+}
+
+/// One script: its source and its SHA-1 (what `EVALSHA` names it by).
+#[derive(Debug, Clone)]
+pub(crate) struct LuaScript {
+    hash: String,
+    source: &'static str,
+}
+
+impl LuaScript {
+    fn new(source: &'static str) -> LuaScript {
+        LuaScript {
+            hash: redis::Script::new(source).get_hash().to_owned(),
+            source,
+        }
+    }
+
+    /// A call of the script, to which keys and arguments are added.
+    pub(crate) fn call(&self) -> ScriptCall<'_> {
+        ScriptCall {
+            script: self,
+            keys: Vec::new(),
+            args: Vec::new(),
+        }
+    }
+}
+
+/// A call of a script with its keys (`KEYS`) and arguments (`ARGV`). Built
+/// here rather than with the driver's own script type so that the call
+/// can share a pipeline (and so a connection) with a `WAIT`.
+#[derive(Debug)]
+pub(crate) struct ScriptCall<'s> {
+    script: &'s LuaScript,
+    keys: Vec<Vec<u8>>,
+    args: Vec<Vec<u8>>,
+}
+
+impl ScriptCall<'_> {
+    /// Adds a key.
+    pub(crate) fn key(mut self, key: impl ToRedisArgs) -> Self {
+        key.write_redis_args(&mut self.keys);
+        self
+    }
+
+    /// Adds an argument.
+    pub(crate) fn arg(mut self, arg: impl ToRedisArgs) -> Self {
+        arg.write_redis_args(&mut self.args);
+        self
+    }
+
+    /// `EVALSHA hash numkeys keys... args...`.
+    pub(crate) fn command(&self) -> Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&self.script.hash)
+            .arg(self.keys.len())
+            .arg(&self.keys)
+            .arg(&self.args);
+        cmd
+    }
+
+    /// `SCRIPT LOAD source`, for a server that answered `NOSCRIPT`.
+    pub(crate) fn load_command(&self) -> Cmd {
+        let mut cmd = redis::cmd("SCRIPT");
+        cmd.arg("LOAD").arg(self.script.source);
+        cmd
+    }
+
+    /// The first key: where a cluster runs the call.
+    pub(crate) fn first_key(&self) -> &[u8] {
+        self.keys.first().map_or(&[], Vec::as_slice)
     }
 }
 
@@ -117,17 +189,6 @@ impl Keys {
             Layout::Cluster => (0..BUCKETS)
                 .map(|b| format!("{}:{{{b}}}:in-progress", self.prefix))
                 .collect(),
-        }
-    }
-
-    /// The in-progress index in the slot of `record_key` (one of ours).
-    pub(crate) fn in_progress_of(&self, record_key: &str) -> Option<String> {
-        match self.layout {
-            Layout::Single => Some(self.in_progress.clone()),
-            Layout::Cluster => {
-                let (bucket, _) = self.split_bucket(record_key)?;
-                Some(format!("{}:{{{bucket}}}:in-progress", self.prefix))
-            }
         }
     }
 

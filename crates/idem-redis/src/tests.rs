@@ -260,3 +260,32 @@ fn the_key_index_is_cleaned_by_look_ups() {
         assert_eq!(members(conn.clone(), index.clone()).await, 1);
     });
 }
+
+/// `wait_for_replicas` on one server without replicas: a claim that takes
+/// the key is written but never acknowledged, so it fails closed; the
+/// record is there (in flight for a claim without the wait), and a claim
+/// that finds it in flight answers without waiting.
+#[test]
+fn a_wait_for_replicas_no_server_has_fails_closed() {
+    let Some(url) = url() else { return };
+    rt().block_on(async {
+        let plain = fresh(&url).await;
+        let waiting = RedisStore::builder(&url)
+            .prefix(plain.store().prefix())
+            .wait_for_replicas(1, Duration::from_millis(100))
+            .connect()
+            .await
+            .expect("connect");
+        let id = unique_id("wait-no-replica");
+        let e = waiting
+            .claim(&request(&id, "{}", t0()))
+            .await
+            .expect_err("no replica acknowledges");
+        assert_eq!(e.kind(), idem_core::StoreErrorKind::Unavailable, "{e}");
+        assert!(e.to_string().contains("0 of the 1 replicas"), "{e}");
+        let again = waiting.claim(&request(&id, "{}", t0())).await.unwrap();
+        assert!(matches!(again, Claim::InFlight { .. }), "{again:?}");
+        let record = plain.get(&id, t0()).await.unwrap().expect("written");
+        assert_eq!(record.status, idem_core::Status::InProgress);
+    });
+}

@@ -376,6 +376,7 @@ rm -rf "$IDEM_NODE_DIR""#;
         let _ = Command::new("kill")
             .arg(format!("-{signal}"))
             .arg(self.pid.to_string())
+            .stderr(Stdio::null())
             .status();
     }
 

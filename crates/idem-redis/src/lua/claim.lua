@@ -4,7 +4,9 @@
 -- ARGV: fingerprint, now, lease_until, expires_at (milliseconds), operation,
 --       drop_at (when Redis may drop the keys: expires_at plus a margin for
 --       a Redis clock that runs ahead of the callers'), fence kind ('1': the
---       counter is the record's own, '0': the prefix's)
+--       counter is the record's own, '0': the prefix's), acknowledged ('1': the
+--       store waits for replicas after this call: a replay writes the record's
+--       status again, so that the wait covers the completion it answers with)
 -- Reply: {outcome, fence, created_at, lease_until, expires_at, status,
 --         resource_id, response_status, response_headers, response_body}
 -- outcome: 0 acquired, 1 in flight, 2 replay, 3 mismatch, 4 takeover
@@ -17,6 +19,9 @@ if r[1] and tonumber(r[6]) > now then
     return {3, r[3], r[4], r[5] or '', r[6], r[2], '', '', '', ''}
   end
   if r[2] ~= '0' then
+    if ARGV[8] == '1' then
+      redis.call('HSET', KEYS[1], 'st', r[2])
+    end
     return {2, r[3], r[4], '', r[6], r[2], r[7] or '', r[8] or '', r[9] or '', r[10] or ''}
   end
   if tonumber(r[5]) > now then

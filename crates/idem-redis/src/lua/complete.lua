@@ -1,7 +1,18 @@
 -- KEYS[1] record, KEYS[2] in-progress index
--- ARGV: fence, status, resource_id ('' or 's' .. id), response_status, headers, body
--- Reply: 1 applied, 0 stale fence.
+-- ARGV: fence, status, resource_id ('' or 's' .. id), response_status, headers, body,
+--       acknowledged ('1': the store waits for replicas after this call)
+-- Reply: 1 applied, 0 stale fence, 2 stale fence but this fence completed the
+-- record before: a repeated completion (its first answer was lost, or its
+-- replicas did not acknowledge it in time). With acknowledged set, the
+-- script then writes the status again, so that the wait after this call
+-- covers the first completion too (replicas apply writes in order).
 local r = redis.call('HMGET', KEYS[1], 'st', 'fence')
+if r[2] == ARGV[1] and r[1] and r[1] ~= '0' then
+  if ARGV[7] == '1' then
+    redis.call('HSET', KEYS[1], 'st', r[1])
+  end
+  return 2
+end
 if r[1] ~= '0' or r[2] ~= ARGV[1] then
   return 0
 end
