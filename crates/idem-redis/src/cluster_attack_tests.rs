@@ -132,9 +132,11 @@ fn attack_a_non_canonical_bucket_key_breaks_purge_with_crossslot() {
 // counts WAIT per connection (the offset of *its* last write), so the
 // retried WAIT on a connection that wrote nothing returns at once with
 // every connected replica, whatever they acknowledged. The store then
-// answered Acquired for a claim no replica had. Fixed: the script and its
-// WAIT go in one pipeline, so over one connection; a repeat of both finds
-// its own lease (in flight).
+// answered Acquired for a claim no replica had. Fixed: the script and the
+// WAIT each go in a pipeline with the connection's identity (CLIENT ID and
+// CLUSTER MYID); when they differ, nothing counts as acknowledged. (CLIENT
+// ID alone was not enough: the driver sent the retried WAIT to another
+// node, where another connection had the same id.)
 // ---------------------------------------------------------------------
 
 #[test]

@@ -84,47 +84,95 @@ impl Connection {
         }
     }
 
-    /// Runs a script call and then `WAIT replicas timeout` in one
-    /// pipeline, so that both go over one connection: `WAIT` counts the
-    /// writes of its own connection, and a reconnection between the two
-    /// would make it count none. Returns the call's reply and how many
-    /// replicas acknowledged every write of that connection so far. If the
-    /// connection drops, the driver may send the whole pipeline again on
-    /// another; the scripts answer a repeated call with a write of their
-    /// own (see `complete.lua`) or with no claim, so the `WAIT` of the
-    /// repeat still covers what the answer stands for.
+    /// Runs a script call, then `WAIT replicas timeout` on the same
+    /// server: the call's reply and how many replicas acknowledged every
+    /// write of the call's connection so far. `WAIT` counts the writes of
+    /// its own connection only, and the driver may send a request again on
+    /// another connection when one drops (on a cluster, even to another
+    /// node), so each goes in a pipeline with the connection's identity
+    /// (`CLIENT ID`, and on a cluster the node's `CLUSTER MYID`: client ids
+    /// are only unique within a server): when they differ the count says
+    /// nothing about the call, and 0 is returned. Two requests rather than
+    /// one pipeline for both: concurrent calls' writes then reach the
+    /// server before the first `WAIT`, which covers them all. A call the
+    /// driver sent twice answers its repeat: the scripts answer a repeated
+    /// claim with no claim (in flight) and a repeated completion with a
+    /// write of their own (see `complete.lua`), so the count still covers
+    /// what the answer stands for.
     pub(crate) async fn run_then_wait<T: FromRedisValue>(
         &mut self,
         call: &ScriptCall<'_>,
         replicas: u32,
         timeout: Duration,
     ) -> RedisResult<(T, i64)> {
+        let with_identity = |p: &mut Pipeline| {
+            p.cmd("CLIENT").arg("ID");
+            if let Connection::Cluster(_) = self {
+                p.cmd("CLUSTER").arg("MYID");
+            }
+        };
+        let mut written = redis::pipe();
+        written.add_command(call.command());
+        with_identity(&mut written);
         let millis = u64::try_from(timeout.as_millis())
             .unwrap_or(u64::MAX)
             .max(1);
-        let pipeline = || {
-            let mut p = redis::pipe();
-            p.add_command(call.command());
-            p.cmd("WAIT").arg(replicas).arg(millis);
-            p
-        };
-        match pipeline().query_async(self).await {
+        let mut wait = redis::pipe();
+        wait.cmd("WAIT").arg(replicas).arg(millis);
+        with_identity(&mut wait);
+
+        let node = self.node_of(call.first_key());
+        let mut writer = match self.send_pipeline(node, &written).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 self.load(call).await?;
-                pipeline().query_async(self).await
+                self.send_pipeline(node, &written).await?
             }
-            answered => answered,
+            answered => answered?,
+        };
+        let mut waiter = self.send_pipeline(node, &wait).await?;
+        if writer.is_empty() || waiter.is_empty() {
+            return Err(redis::RedisError::from((
+                ErrorKind::UnexpectedReturnType,
+                "a pipeline answered nothing",
+            )));
+        }
+        let reply = redis::from_redis_value(writer.remove(0))?;
+        let acked: i64 = redis::from_redis_value(waiter.remove(0))?;
+        Ok((reply, if waiter == writer { acked } else { 0 }))
+    }
+
+    /// Sends `pipeline` to `node`, all of it over one connection.
+    async fn send_pipeline(&mut self, node: Node, pipeline: &Pipeline) -> RedisResult<Vec<Value>> {
+        match (self, node) {
+            (Connection::Cluster(c), Node::MasterOf(route)) => {
+                // Answered as values, errors among them: made errors here,
+                // as `query_async` makes them.
+                c.route_pipeline(
+                    pipeline.clone(),
+                    0,
+                    pipeline.len(),
+                    SingleNodeRoutingInfo::SpecificNode(route),
+                )
+                .await?
+                .into_iter()
+                .map(Value::extract_error)
+                .collect()
+            }
+            (c, _) => pipeline.query_async(c).await,
+        }
+    }
+
+    /// The server that holds `key`.
+    fn node_of(&self, key: &[u8]) -> Node {
+        match self {
+            Connection::Single(_) => Node::Only,
+            Connection::Cluster(_) => Node::MasterOf(Route::with_key(key, SlotAddr::Master)),
         }
     }
 
     /// Gives the server that runs `call` its script.
     async fn load(&mut self, call: &ScriptCall<'_>) -> RedisResult<()> {
-        let node = match self {
-            Connection::Single(_) => Node::Only,
-            Connection::Cluster(_) => {
-                Node::MasterOf(Route::with_key(call.first_key(), SlotAddr::Master))
-            }
-        };
+        let node = self.node_of(call.first_key());
         self.send_to(node, call.load_command()).await.map(drop)
     }
 

@@ -84,19 +84,19 @@
 //!   way lets a retry execute again; a completion lost that way leaves the
 //!   record in progress (the retry waits out the lease, then executes
 //!   again). With [`RedisStoreBuilder::wait_for_replicas`] (or
-//!   `?wait_replicas=N` in the URL) the store sends `WAIT N timeout` with
-//!   each write, in one pipeline with it (a claim that took a key, a
-//!   completion, a release, and a replay, which writes the record's status
-//!   again so that the wait covers the completion it answers with) and
-//!   answers only when N replicas have it; if fewer acknowledge in time it
-//!   fails closed with `Unavailable`, though the write stands on the
-//!   master, and a repeated completion by the same fence waits again
-//!   before it answers. With N equal to the replicas per master, a replica promoted
-//!   by the cluster's own failover holds every write the store
-//!   acknowledged. Still not a consensus system: a manual `CLUSTER
-//!   FAILOVER TAKEOVER` of a lagging replica, or losing a master and all
-//!   its acknowledging replicas at once, can lose writes. Cost: see
-//!   BENCHMARKS.md.
+//!   `?wait_replicas=N` in the URL) the store sends `WAIT N timeout` after
+//!   each write, checked to be on the write's connection: a claim that
+//!   took a key, a completion, a release, and a replay (which writes the
+//!   record's status again, so that the wait covers the completion it
+//!   answers with). It answers only when N replicas have the write; if
+//!   fewer acknowledge in time it fails closed with `Unavailable`, though
+//!   the write stands on the master, and a repeated completion by the
+//!   same fence waits again before it answers. With N equal to the
+//!   replicas per master, a replica promoted by the cluster's own failover
+//!   holds every write the store acknowledged. Still not a consensus
+//!   system: a manual `CLUSTER FAILOVER TAKEOVER` of a lagging replica, or
+//!   losing a master and all its acknowledging replicas at once, can lose
+//!   writes. Cost: see BENCHMARKS.md.
 //! - **Hostile keys** can crowd one bucket (the hash is not keyed): that
 //!   loads one master more than the others, and changes nothing else.
 //!
