@@ -13,7 +13,7 @@ use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header, reques
 use http_body_util::{BodyExt, BodyStream, StreamBody};
 use idem_core::{
     BoxFuture, Claim, ClaimRequest, Completion, Concurrency, Disposition, Fingerprint, Key, Lease,
-    Record, RecordId, Settled, Status, StoreError, StoredResponse, Timestamp,
+    Record, RecordId, Settled, StoreError, StoredResponse, Timestamp,
 };
 use tracing::Instrument;
 
@@ -363,12 +363,20 @@ async fn claim_or_wait(
             .map_err(unavailable)?;
         if let Claim::Mismatch { .. } = claim {
             // A record written before fingerprint version 2 is compared the
-            // way it was written, so its retries keep replaying.
+            // way it was written, so its retries keep replaying: claimed
+            // again with the old fingerprint, so that the store answers
+            // (and settles, waits for replicas, ...) as for any claim.
             let record = store_call(shared, "get", shared.store.get(id, req.now))
                 .await
                 .map_err(unavailable)?;
-            if let Some(as_before) = record.and_then(|r| legacy_claim(r, legacy)) {
-                claim = as_before;
+            if record.is_some_and(|r| written_with_legacy(&r, legacy)) {
+                let as_before = ClaimRequest {
+                    fingerprint: legacy(),
+                    ..req.clone()
+                };
+                claim = store_call(shared, "claim", shared.store.claim(&as_before))
+                    .await
+                    .map_err(unavailable)?;
             }
         }
         match claim {
@@ -420,20 +428,10 @@ async fn claim_or_wait(
     }
 }
 
-/// What a claim answers for a record written under fingerprint version 1
-/// whose fingerprint equals the request's version-1 fingerprint; `None`
-/// for any other record (a real mismatch).
-fn legacy_claim(record: Record, legacy: &(dyn Fn() -> Fingerprint + Sync)) -> Option<Claim> {
-    if record.fingerprint.version() != 1 || record.fingerprint != legacy() {
-        return None;
-    }
-    Some(match record.status {
-        Status::InProgress => Claim::InFlight {
-            lease_until: record.lease_until.unwrap_or_default(),
-            expires_at: record.expires_at,
-        },
-        Status::Completed | Status::Failed => Claim::Replay(Box::new(record)),
-    })
+/// Whether `record` was written under fingerprint version 1 with the
+/// request's version-1 fingerprint (rather than being a real mismatch).
+fn written_with_legacy(record: &Record, legacy: &(dyn Fn() -> Fingerprint + Sync)) -> bool {
+    record.fingerprint.version() == 1 && record.fingerprint == legacy()
 }
 
 /// Runs the handler's future to the end and settles the record; returns

@@ -233,6 +233,19 @@ impl RedisStoreBuilder {
                 (Connection::Cluster(conn), Layout::Cluster)
             }
         };
+        let mut conn = conn;
+        if replicas.is_some() {
+            conn.check_wait_commands().await.map_err(|e| match e.kind() {
+                redis::ErrorKind::Server(_) | redis::ErrorKind::UnexpectedReturnType => {
+                    StoreError::new(
+                        StoreErrorKind::Setup,
+                        "redis store: the server refuses a command the replica wait needs (CLIENT ID, INFO server, WAIT)",
+                    )
+                    .with_source(e)
+                }
+                _ => redis_error("checking the replica wait", e),
+            })?;
+        }
         Ok(RedisStore {
             conn,
             keys: Keys::new(self.prefix, layout),

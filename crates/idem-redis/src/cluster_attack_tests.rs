@@ -134,9 +134,9 @@ fn attack_a_non_canonical_bucket_key_breaks_purge_with_crossslot() {
 // every connected replica, whatever they acknowledged. The store then
 // answered Acquired for a claim no replica had. Fixed: the script and the
 // WAIT each go in a pipeline with the connection's identity (CLIENT ID and
-// CLUSTER MYID); when they differ, nothing counts as acknowledged. (CLIENT
-// ID alone was not enough: the driver sent the retried WAIT to another
-// node, where another connection had the same id.)
+// the server's run_id); when they differ, nothing counts as acknowledged.
+// (CLIENT ID alone was not enough: the driver sent the retried WAIT to
+// another node, where another connection had the same id.)
 // ---------------------------------------------------------------------
 
 #[test]

@@ -89,28 +89,22 @@ impl Connection {
     /// write of the call's connection so far. `WAIT` counts the writes of
     /// its own connection only, and the driver may send a request again on
     /// another connection when one drops (on a cluster, even to another
-    /// node), so each goes in a pipeline with the connection's identity
-    /// (`CLIENT ID`, and on a cluster the node's `CLUSTER MYID`: client ids
-    /// are only unique within a server): when they differ the count says
-    /// nothing about the call, and 0 is returned. Two requests rather than
-    /// one pipeline for both: concurrent calls' writes then reach the
-    /// server before the first `WAIT`, which covers them all. A call the
-    /// driver sent twice answers its repeat: the scripts answer a repeated
-    /// claim with no claim (in flight) and a repeated completion with a
-    /// write of their own (see `complete.lua`), so the count still covers
-    /// what the answer stands for.
+    /// node; on one server, the address may have moved to a promoted
+    /// replica), so each goes in a pipeline with the connection's identity
+    /// (see [`identity`]): when they differ the count says nothing about
+    /// the call, and 0 is returned. Two requests rather than one pipeline
+    /// for both: concurrent calls' writes then reach the server before the
+    /// first `WAIT`, which covers them all. A call the driver sent twice
+    /// answers its repeat: the scripts answer a repeated claim with no
+    /// claim (in flight) and a repeated completion with a write of their
+    /// own (see `complete.lua`), so the count still covers what the answer
+    /// stands for.
     pub(crate) async fn run_then_wait<T: FromRedisValue>(
         &mut self,
         call: &ScriptCall<'_>,
         replicas: u32,
         timeout: Duration,
     ) -> RedisResult<(T, i64)> {
-        let with_identity = |p: &mut Pipeline| {
-            p.cmd("CLIENT").arg("ID");
-            if let Connection::Cluster(_) = self {
-                p.cmd("CLUSTER").arg("MYID");
-            }
-        };
         let mut written = redis::pipe();
         written.add_command(call.command());
         with_identity(&mut written);
@@ -122,23 +116,36 @@ impl Connection {
         with_identity(&mut wait);
 
         let node = self.node_of(call.first_key());
-        let mut writer = match self.send_pipeline(node, &written).await {
+        let writer = match self.send_pipeline(node, &written).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 self.load(call).await?;
                 self.send_pipeline(node, &written).await?
             }
             answered => answered?,
         };
-        let mut waiter = self.send_pipeline(node, &wait).await?;
-        if writer.is_empty() || waiter.is_empty() {
-            return Err(redis::RedisError::from((
-                ErrorKind::UnexpectedReturnType,
-                "a pipeline answered nothing",
-            )));
-        }
-        let reply = redis::from_redis_value(writer.remove(0))?;
-        let acked: i64 = redis::from_redis_value(waiter.remove(0))?;
-        Ok((reply, if waiter == writer { acked } else { 0 }))
+        let waiter = self.send_pipeline(node, &wait).await?;
+        let (reply, writer) = identity(writer)?;
+        let (acked, waiter) = identity(waiter)?;
+        let acked: i64 = redis::from_redis_value(acked)?;
+        Ok((
+            redis::from_redis_value(reply)?,
+            if waiter == writer { acked } else { 0 },
+        ))
+    }
+
+    /// Checks that the server answers what
+    /// [`run_then_wait`](Self::run_then_wait) needs (an ACL or a managed
+    /// service may refuse `CLIENT`, `INFO` or `WAIT`), so that a refusal
+    /// shows at connect time, not after a claim was written.
+    pub(crate) async fn check_wait_commands(&mut self) -> RedisResult<()> {
+        let mut probe = redis::pipe();
+        probe.cmd("WAIT").arg(0).arg(1);
+        with_identity(&mut probe);
+        let node = match self {
+            Connection::Single(_) => Node::Only,
+            Connection::Cluster(_) => Node::MasterOf(Route::new(0, SlotAddr::Master)),
+        };
+        identity(self.send_pipeline(node, &probe).await?).map(drop)
     }
 
     /// Sends `pipeline` to `node`, all of it over one connection.
@@ -261,4 +268,35 @@ impl Scan {
         }
         Ok(Some(keys))
     }
+}
+
+/// Adds the commands that name the connection a pipeline went over:
+/// `CLIENT ID` (unique within one server process) and `INFO server` (whose
+/// `run_id` differs between processes, restarts included).
+fn with_identity(pipeline: &mut Pipeline) {
+    pipeline.cmd("CLIENT").arg("ID").cmd("INFO").arg("server");
+}
+
+/// Splits the replies of a pipeline that ended with [`with_identity`]'s
+/// commands into its first reply and the connection's identity (client
+/// id, server `run_id`).
+fn identity(mut replies: Vec<Value>) -> RedisResult<(Value, (i64, String))> {
+    let malformed = || {
+        redis::RedisError::from((
+            ErrorKind::UnexpectedReturnType,
+            "a pipeline did not answer with its connection's identity",
+        ))
+    };
+    if replies.len() != 3 {
+        return Err(malformed());
+    }
+    let info: String = redis::from_redis_value(replies.remove(2))?;
+    let client: i64 = redis::from_redis_value(replies.remove(1))?;
+    let run_id = info
+        .lines()
+        .find_map(|line| line.strip_prefix("run_id:"))
+        .map(|id| id.trim().to_owned())
+        .filter(|id| !id.is_empty())
+        .ok_or_else(malformed)?;
+    Ok((replies.remove(0), (client, run_id)))
 }

@@ -87,7 +87,7 @@
 //!   `?wait_replicas=N` in the URL) the store sends `WAIT N timeout` after
 //!   each write, checked to be on the write's connection: a claim that
 //!   took a key, a completion, a release, and a replay (which writes the
-//!   record's status again, so that the wait covers the completion it
+//!   record's expiry again, so that the wait covers the completion it
 //!   answers with). It answers only when N replicas have the write; if
 //!   fewer acknowledge in time it fails closed with `Unavailable`, though
 //!   the write stands on the master, and a repeated completion by the

@@ -287,5 +287,72 @@ fn a_wait_for_replicas_no_server_has_fails_closed() {
         assert!(matches!(again, Claim::InFlight { .. }), "{again:?}");
         let record = plain.get(&id, t0()).await.unwrap().expect("written");
         assert_eq!(record.status, idem_core::Status::InProgress);
+
+        // A replay answers with a completion the waiting store did not
+        // write: it writes again and waits, so it fails closed too.
+        let done = idem_core::Completion::completed(idem_testkit::response(201, "done"));
+        assert_eq!(
+            plain
+                .complete(&id, record.fence, done.clone(), t0())
+                .await
+                .unwrap(),
+            Settled::Applied
+        );
+        let e = waiting
+            .claim(&request(&id, "{}", t0()))
+            .await
+            .expect_err("a replay no replica acknowledges");
+        assert_eq!(e.kind(), idem_core::StoreErrorKind::Unavailable, "{e}");
+        // So does a repeated completion by its own fence.
+        let e = waiting
+            .complete(&id, record.fence, done, t0())
+            .await
+            .expect_err("a repeated completion no replica acknowledges");
+        assert_eq!(e.kind(), idem_core::StoreErrorKind::Unavailable, "{e}");
+        assert!(matches!(
+            plain.claim(&request(&id, "{}", t0())).await.unwrap(),
+            Claim::Replay(_)
+        ));
+    });
+}
+
+/// With the replica wait on, a server that refuses a command the wait
+/// needs (here `INFO`, by ACL) is refused at connect time, not after a
+/// claim was written.
+#[test]
+fn a_server_that_refuses_the_waits_commands_is_refused_at_connect() {
+    use idem_testkit::private_redis::{PrivateRedis, free_port};
+    if url().is_none() {
+        return;
+    }
+    let Some(server) = PrivateRedis::start(free_port()) else {
+        return;
+    };
+    server.wait_ready();
+    let port = server
+        .url()
+        .rsplit(':')
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    let acl = std::process::Command::new("redis-cli")
+        .args(["-p", &port, "ACL", "SETUSER", "limited", "on", ">pw"])
+        .args(["~*", "&*", "+@all", "-info"])
+        .output()
+        .expect("redis-cli");
+    assert!(acl.status.success());
+    let limited = server.url().replacen("redis://", "redis://limited:pw@", 1);
+    rt().block_on(async {
+        let e = RedisStore::builder(&limited)
+            .wait_for_replicas(1, Duration::from_millis(100))
+            .connect()
+            .await
+            .expect_err("INFO is refused");
+        assert_eq!(e.kind(), idem_core::StoreErrorKind::Setup, "{e}");
+        assert!(e.to_string().contains("replica wait"), "{e}");
+        RedisStore::builder(&limited)
+            .connect()
+            .await
+            .expect("without the wait, INFO is not needed");
     });
 }

@@ -6,7 +6,7 @@
 --       a Redis clock that runs ahead of the callers'), fence kind ('1': the
 --       counter is the record's own, '0': the prefix's), acknowledged ('1': the
 --       store waits for replicas after this call: a replay writes the record's
---       status again, so that the wait covers the completion it answers with)
+--       expiry again, so that the wait covers the completion it answers with)
 -- Reply: {outcome, fence, created_at, lease_until, expires_at, status,
 --         resource_id, response_status, response_headers, response_body}
 -- outcome: 0 acquired, 1 in flight, 2 replay, 3 mismatch, 4 takeover
@@ -20,7 +20,10 @@ if r[1] and tonumber(r[6]) > now then
   end
   if r[2] ~= '0' then
     if ARGV[8] == '1' then
-      redis.call('HSET', KEYS[1], 'st', r[2])
+      -- Rewrites the record's own expiry: a write Redis replicates and
+      -- does not refuse when its memory is full.
+      local at = redis.call('PEXPIRETIME', KEYS[1])
+      if at > 0 then redis.call('PEXPIREAT', KEYS[1], at) end
     end
     return {2, r[3], r[4], '', r[6], r[2], r[7] or '', r[8] or '', r[9] or '', r[10] or ''}
   end

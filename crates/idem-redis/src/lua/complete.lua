@@ -4,12 +4,15 @@
 -- Reply: 1 applied, 0 stale fence, 2 stale fence but this fence completed the
 -- record before: a repeated completion (its first answer was lost, or its
 -- replicas did not acknowledge it in time). With acknowledged set, the
--- script then writes the status again, so that the wait after this call
+-- script then writes again (the record's expiry), so that the wait after this call
 -- covers the first completion too (replicas apply writes in order).
 local r = redis.call('HMGET', KEYS[1], 'st', 'fence')
 if r[2] == ARGV[1] and r[1] and r[1] ~= '0' then
   if ARGV[7] == '1' then
-    redis.call('HSET', KEYS[1], 'st', r[1])
+    -- Rewrites the record's own expiry: a write Redis replicates and does
+    -- not refuse when its memory is full.
+    local at = redis.call('PEXPIRETIME', KEYS[1])
+    if at > 0 then redis.call('PEXPIREAT', KEYS[1], at) end
   end
   return 2
 end
