@@ -7,7 +7,7 @@ mod support;
 
 use std::process::{Command, Stdio};
 
-use support::{Proc, executions, free_port, idem, upstream, wait_ok};
+use support::{Proc, executions, idem, upstream, wait_ok};
 
 /// The child half: serves the counting upstream until killed.
 #[test]
@@ -30,7 +30,7 @@ struct Logged {
 /// Starts `idem serve` in front of `upstream` with `extra` flags and
 /// `env`, without the caller's RUST_LOG or IDEM_LOG_FORMAT.
 async fn logged_gateway(upstream: &str, extra: &[&str], env: &[(&str, &str)]) -> Logged {
-    let (port, admin) = (free_port(), free_port());
+    let (port, admin) = support::two_free_ports();
     let stderr = tempfile::NamedTempFile::new().unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_idem"))
         .args(["serve", "--upstream", upstream, "--store", "memory:"])

@@ -66,6 +66,17 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// Two different free ports, for a listener and an admin listener: the
+/// system may hand the same free port out twice when the first probe's
+/// socket is closed before the second.
+pub fn two_free_ports() -> (u16, u16) {
+    let first = free_port();
+    let second = std::iter::repeat_with(free_port)
+        .find(|p| *p != first)
+        .unwrap();
+    (first, second)
+}
+
 /// Polls `url` until it answers 2xx, for up to 20 s.
 pub async fn wait_ok(url: &str) {
     let client = reqwest::Client::new();
@@ -89,7 +100,7 @@ pub struct Gateway {
 
 /// Starts `idem serve` with `args` on free ports and waits for /healthz.
 pub async fn gateway(upstream: &str, store: &str, extra: &[&str]) -> Gateway {
-    let (port, admin) = (free_port(), free_port());
+    let (port, admin) = two_free_ports();
     let child = Command::new(env!("CARGO_BIN_EXE_idem"))
         .args(["serve", "--upstream", upstream, "--store", store])
         .args([
