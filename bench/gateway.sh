@@ -16,11 +16,16 @@
 # IDEM_TEST_POSTGRES_URL / IDEM_TEST_REDIS_URL are set, PostgreSQL and
 # Redis. IDEM_BENCH_BIN runs another idem binary (an older build, for
 # before/after); IDEM_BENCH_ROWS picks rows by name (a grep -E pattern).
+# IDEM_BENCH_ROUNDS (default 1) runs the whole table that many times and
+# prints each row's median (the ratio is taken to the hop of the same
+# round first): this shared machine's speed moves by a third within an
+# hour, so one round compares rows of the same minute only.
 # Installs nginx-light and wrk with apt-get if they are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SECS="${IDEM_BENCH_SECS:-8}"
+ROUNDS="${IDEM_BENCH_ROUNDS:-1}"
 CONNS="${IDEM_BENCH_CONNECTIONS:-64}"
 ROWS="${IDEM_BENCH_ROWS:-.}"
 
@@ -133,7 +138,7 @@ row() {
     p99="$(echo "$out" | awk '$1 == "99%" {print $2}')"
     non2xx="$(echo "$out" | awk '/Non-2xx/ {print $5}')"
     local cpu_us=$(( (after - before) * TICK_US / (reqs > 0 ? reqs : 1) ))
-    printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$rps" "$p99" "$cpu_us" "${non2xx:-0}" >>"$WORK/rows.tsv"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$ROUND" "$name" "$rps" "$p99" "$cpu_us" "${non2xx:-0}" >>"$WORK/rows.tsv"
     printf 'bench: %-34s %10s req/s  p99 %-8s %5s us/req  non-2xx %s\n' "$name" "$rps" "$p99" "$cpu_us" "${non2xx:-0}" >&2
 }
 
@@ -160,26 +165,50 @@ gateway() {
 }
 
 : >"$WORK/rows.tsv"
-row "upstream reached directly" "http://127.0.0.1:$UP/transfers" new "$NGINX_WORKER"
-row "nginx proxy hop" "http://127.0.0.1:$HOP/transfers" new "$NGINX_WORKER"
-gateway memory memory:
-gateway sqlite "sqlite:$WORK/idem.db"
-if [ -n "${IDEM_TEST_POSTGRES_URL:-}" ]; then
-    psql -q "$IDEM_TEST_POSTGRES_URL" -c 'DROP SCHEMA IF EXISTS idem CASCADE' >/dev/null 2>&1 || true
-    gateway postgres "$IDEM_TEST_POSTGRES_URL"
-fi
-if [ -n "${IDEM_TEST_REDIS_URL:-}" ]; then
-    gateway redis "$IDEM_TEST_REDIS_URL"
-fi
+for ROUND in $(seq 1 "$ROUNDS"); do
+    row "upstream reached directly" "http://127.0.0.1:$UP/transfers" new "$NGINX_WORKER"
+    row "nginx proxy hop" "http://127.0.0.1:$HOP/transfers" new "$NGINX_WORKER"
+    gateway memory memory:
+    rm -f "$WORK"/idem.db*
+    gateway sqlite "sqlite:$WORK/idem.db"
+    if [ -n "${IDEM_TEST_POSTGRES_URL:-}" ]; then
+        psql -q "$IDEM_TEST_POSTGRES_URL" -c 'DROP SCHEMA IF EXISTS idem CASCADE' >/dev/null 2>&1 || true
+        gateway postgres "$IDEM_TEST_POSTGRES_URL"
+    fi
+    if [ -n "${IDEM_TEST_REDIS_URL:-}" ]; then
+        gateway redis "$IDEM_TEST_REDIS_URL"
+    fi
+done
 
-python3 - "$WORK/rows.tsv" "$CONNS" "$SECS" <<'EOF'
-import sys
+python3 - "$WORK/rows.tsv" "$CONNS" "$SECS" "$ROUNDS" <<'EOF'
+import statistics, sys
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
-hop = next((float(r[1]) for r in rows if r[0] == "nginx proxy hop"), None)
-print(f"wrk -t2 -c{sys.argv[2]}, {sys.argv[3]} s a row\n")
-print("| row | req/s | × nginx hop | p99 | CPU µs/request | non-2xx |")
+hops = {r[0]: float(r[2]) for r in rows if r[1] == "nginx proxy hop"}
+names, by_name = [], {}
+for rnd, name, rps, p99, cpu, bad in rows:
+    if name not in by_name:
+        names.append(name)
+        by_name[name] = []
+    by_name[name].append((rnd, float(rps), p99, int(cpu), int(bad)))
+
+def ms(p99):
+    # wrk prints us, ms or s.
+    for unit, scale in (("us", 0.001), ("ms", 1.0), ("s", 1000.0)):
+        if p99.endswith(unit):
+            return float(p99[: -len(unit)]) * scale
+    return float("nan")
+
+rounds = int(sys.argv[4])
+print(f"wrk -t2 -c{sys.argv[2]}, {sys.argv[3]} s a row, {rounds} round(s), medians\n")
+print("| row | req/s | × nginx hop | p99 ms | CPU µs/request | non-2xx |")
 print("|---|---:|---:|---:|---:|---:|")
-for name, rps, p99, cpu, bad in rows:
-    ratio = f"{float(rps) / hop:.2f}" if hop else "-"
-    print(f"| {name} | {float(rps):,.0f} | {ratio} | {p99} | {cpu} | {bad} |")
+for name in names:
+    runs = by_name[name]
+    ratios = [rps / hops[rnd] for rnd, rps, *_ in runs if hops.get(rnd)]
+    ratio = f"{statistics.median(ratios):.2f}" if ratios else "-"
+    rps = statistics.median(r[1] for r in runs)
+    p99 = statistics.median(ms(r[2]) for r in runs)
+    cpu = statistics.median(r[3] for r in runs)
+    bad = sum(r[4] for r in runs)
+    print(f"| {name} | {rps:,.0f} | {ratio} | {p99:.1f} | {cpu:.0f} | {bad} |")
 EOF
