@@ -218,6 +218,70 @@ async fn forwarding_rewrites_hop_by_hop_and_forwards_the_key() {
     assert_eq!(seen["host"], up.trim_start_matches("http://"));
 }
 
+/// The read path is `/_idem/records/{key}` and nothing else: a path with
+/// more or fewer segments under it goes to the upstream like any other
+/// path, and the read path answers only GET and HEAD.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_one_segment_under_the_read_path_is_a_record_read() {
+    let (_up, up) = upstream();
+    let g = gateway(&up, "memory:", &[]).await;
+    let c = reqwest::Client::new();
+    for path in [
+        "/_idem/records/",
+        "/_idem/records",
+        "/_idem/records/a/b",
+        "/_idem/records/key-0001/",
+    ] {
+        let r = c
+            .get(format!("{}{path}", g.base))
+            .header("authorization", "Bearer reader")
+            .send()
+            .await
+            .unwrap();
+        // The upstream's own 404: no problem document.
+        assert_eq!(r.status(), StatusCode::NOT_FOUND, "{path}");
+        let kind = r
+            .headers()
+            .get("content-type")
+            .map(|v| v.to_str().unwrap().to_owned());
+        assert!(
+            !kind.as_deref().unwrap_or("").contains("problem"),
+            "{path} was answered by the gateway: {kind:?}"
+        );
+    }
+    // One segment: the gateway's read path (no such record).
+    let r = c
+        .get(format!("{}/_idem/records/key-0001-absent", g.base))
+        .header("authorization", "Bearer reader")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    assert!(
+        r.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .contains("problem")
+    );
+    let r = c
+        .post(format!("{}/_idem/records/key-0001-absent", g.base))
+        .header("authorization", "Bearer reader")
+        .header("idempotency-key", "key-0001-not-a-mutation")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(r.headers()["allow"], "GET, HEAD");
+    let r = c
+        .head(format!("{}/_idem/records/key-0001-absent", g.base))
+        .header("authorization", "Bearer reader")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_reconciliation_read_path_and_records_cli() {
     let (_up, up) = upstream();

@@ -5,18 +5,15 @@
 //! gateway has a certificate.
 //!
 //! axum's `serve` offers none of these knobs, so connections are served
-//! here with hyper's HTTP/1 server directly.
+//! here with hyper's HTTP/1 server directly, by the gateway's own front
+//! service (`routes.rs`).
 
 use std::io;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::Router;
-use axum::extract::ConnectInfo;
-use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
@@ -26,7 +23,8 @@ use tokio::sync::Semaphore;
 use tokio::time::Sleep;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
-use tower::ServiceExt;
+
+use super::routes::{Front, Gateway};
 
 /// The bounds on client connections.
 #[derive(Debug, Clone, Copy)]
@@ -135,7 +133,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for StallGuard<T> {
 /// header timeout, and holds a connection slot while it runs.
 pub(crate) async fn serve(
     listener: TcpListener,
-    app: Router,
+    app: Front,
     tls: Option<Arc<rustls::ServerConfig>>,
     limits: ConnectionLimits,
     shutdown: CancellationToken,
@@ -165,7 +163,7 @@ pub(crate) async fn serve(
             () = shutdown.cancelled() => break,
         };
         let _ = stream.set_nodelay(true);
-        let app = app.clone();
+        let app = app.for_peer(peer);
         let watcher = graceful.watcher();
         let acceptor = acceptor.clone();
         let shutdown = shutdown.clone();
@@ -174,7 +172,7 @@ pub(crate) async fn serve(
         let io = StallGuard::new(stream, limits.stall_timeout);
         tokio::spawn(async move {
             match acceptor {
-                None => serve_connection(io, peer, app, limits, watcher).await,
+                None => serve_connection(io, app, limits, watcher).await,
                 Some(acceptor) => {
                     // Bounded by the header timeout, and given up at
                     // shutdown: a client that never says hello holds
@@ -184,7 +182,7 @@ pub(crate) async fn serve(
                     tokio::select! {
                         done = handshake => match done {
                             Ok(Ok(tls)) => {
-                                serve_connection(tls, peer, app, limits, watcher).await;
+                                serve_connection(tls, app, limits, watcher).await;
                             }
                             Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
                             Err(_) => tracing::debug!("TLS handshake timed out"),
@@ -204,19 +202,10 @@ pub(crate) async fn serve(
 
 /// Serves one connection (plain or TLS, already stall-guarded) with the
 /// header bound.
-async fn serve_connection<T>(
-    io: T,
-    peer: SocketAddr,
-    app: Router,
-    limits: ConnectionLimits,
-    watcher: Watcher,
-) where
+async fn serve_connection<T>(io: T, app: Gateway, limits: ConnectionLimits, watcher: Watcher)
+where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let app = app.map_request(move |mut req: http::Request<Incoming>| {
-        req.extensions_mut().insert(ConnectInfo::<SocketAddr>(peer));
-        req
-    });
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())

@@ -3,16 +3,12 @@
 mod admin;
 mod listener;
 mod proxy;
+mod routes;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use axum::Router;
-use axum::extract::Request;
-use axum::http::StatusCode;
-use axum::middleware::Next;
-use axum::response::Response;
 use idem_http::maintenance::Maintenance;
 use idem_http::{IdempotencyLayer, ScopeSource};
 use metrics_exporter_prometheus::PrometheusBuilder;
@@ -73,13 +69,10 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
         &cfg.scope_headers,
     ));
 
-    let app = Router::new()
-        .route_service(
-            "/_idem/records/{key}",
-            layer.read_path().anonymous_reads(cfg.anonymous_reads),
-        )
-        .fallback_service(proxied)
-        .layer(axum::middleware::from_fn(refuse_ambiguous_paths));
+    let app = routes::Front::new(
+        proxied,
+        layer.read_path().anonymous_reads(cfg.anonymous_reads),
+    );
 
     let shutdown = tokio_util::sync::CancellationToken::new();
     tokio::spawn(signals(shutdown.clone()));
@@ -209,25 +202,12 @@ async fn signals(shutdown: tokio_util::sync::CancellationToken) {
     shutdown.cancel();
 }
 
-/// Refuses request paths that an upstream might resolve to another
-/// resource than the one the route rules and the fingerprint saw: `.` and
-/// `..` segments (also `..;x`, as Tomcat reads it), backslashes, and
-/// percent-encodings of unreserved characters, `/`, `\` or malformed ones
-/// (RFC 3986 section 6.2.2 lets a server decode `%61` to `a`).
-async fn refuse_ambiguous_paths(req: Request, next: Next) -> Response {
-    if let Some(why) = ambiguous_path(req.uri().path()) {
-        return idem_http::Problem::idem(
-            StatusCode::BAD_REQUEST,
-            "invalid-path",
-            "Invalid path",
-            format!("The path {why}; send the plain, resolved path."),
-        )
-        .into_response()
-        .map(axum::body::Body::new);
-    }
-    next.run(req).await
-}
-
+/// Why a request path is refused, if it is: paths that an upstream might
+/// resolve to another resource than the one the route rules and the
+/// fingerprint saw: `.` and `..` segments (also `..;x`, as Tomcat reads
+/// it), backslashes, and percent-encodings of unreserved characters, `/`,
+/// `\` or malformed ones (RFC 3986 section 6.2.2 lets a server decode
+/// `%61` to `a`). The front service (`routes.rs`) answers them with 400.
 fn ambiguous_path(path: &str) -> Option<&'static str> {
     if path.contains('\\') {
         return Some("has a backslash");

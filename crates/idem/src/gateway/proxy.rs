@@ -314,14 +314,22 @@ impl Forwarder {
             .and_then(|h| h.to_str().ok())
             .map(str::to_owned);
         strip_hop_by_hop(&mut parts.headers, &self.protected);
-        if let Some(ip) = peer {
-            set_forwarding(
+        match peer {
+            Some(ip) => set_forwarding(
                 &mut parts.headers,
                 ip,
                 original_host.as_deref(),
                 self.client_proto,
                 self.trust_forwarded,
-            );
+            ),
+            // The front service always says who the peer is; without it a
+            // client's own forwarding headers still never pass unchecked.
+            None if !self.trust_forwarded => {
+                for name in FORWARDING {
+                    parts.headers.remove(name);
+                }
+            }
+            None => {}
         }
         parts.headers.remove(header::HOST);
         parts.uri = target;
