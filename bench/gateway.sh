@@ -14,7 +14,9 @@
 #
 # Stores: memory, SQLite (synchronous=FULL, the default) and, when
 # IDEM_TEST_POSTGRES_URL / IDEM_TEST_REDIS_URL are set, PostgreSQL and
-# Redis. IDEM_BENCH_BIN runs another idem binary (an older build, for
+# Redis. Those are the test databases: the bench drops their `idem`
+# schema / `idem:` keys before and after its rows (a run leaves a million
+# records behind otherwise, and the Redis tests' SCANs then crawl). IDEM_BENCH_BIN runs another idem binary (an older build, for
 # before/after); IDEM_BENCH_ROWS picks rows by name (a grep -E pattern).
 # IDEM_BENCH_ROUNDS (default 1) runs the whole table that many times and
 # prints each row's median (the ratio is taken to the hop of the same
@@ -164,6 +166,16 @@ gateway() {
     kill "$pid"; wait "$pid" 2>/dev/null || true
 }
 
+drop_postgres() {
+    psql -q "$IDEM_TEST_POSTGRES_URL" -c 'DROP SCHEMA IF EXISTS idem CASCADE' >/dev/null 2>&1 || true
+}
+# The gateway's records under the default prefix (keys hold spaces: one
+# per line).
+drop_redis() {
+    redis-cli -u "$IDEM_TEST_REDIS_URL" --scan --pattern 'idem:*' |
+        xargs -r -d '\n' -n 2000 redis-cli -u "$IDEM_TEST_REDIS_URL" unlink >/dev/null
+}
+
 : >"$WORK/rows.tsv"
 for ROUND in $(seq 1 "$ROUNDS"); do
     row "upstream reached directly" "http://127.0.0.1:$UP/transfers" new "$NGINX_WORKER"
@@ -172,11 +184,14 @@ for ROUND in $(seq 1 "$ROUNDS"); do
     rm -f "$WORK"/idem.db*
     gateway sqlite "sqlite:$WORK/idem.db"
     if [ -n "${IDEM_TEST_POSTGRES_URL:-}" ]; then
-        psql -q "$IDEM_TEST_POSTGRES_URL" -c 'DROP SCHEMA IF EXISTS idem CASCADE' >/dev/null 2>&1 || true
+        drop_postgres
         gateway postgres "$IDEM_TEST_POSTGRES_URL"
+        drop_postgres
     fi
     if [ -n "${IDEM_TEST_REDIS_URL:-}" ]; then
+        drop_redis
         gateway redis "$IDEM_TEST_REDIS_URL"
+        drop_redis
     fi
 done
 
