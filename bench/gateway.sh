@@ -16,7 +16,8 @@
 # IDEM_TEST_POSTGRES_URL / IDEM_TEST_REDIS_URL are set, PostgreSQL and
 # Redis. Those are the test databases: the bench drops their `idem`
 # schema / `idem:` keys before and after its rows (a run leaves a million
-# records behind otherwise, and the Redis tests' SCANs then crawl). IDEM_BENCH_BIN runs another idem binary (an older build, for
+# records behind otherwise, and the Redis tests' SCANs then crawl).
+# IDEM_BENCH_BIN runs another idem binary (an older build, for
 # before/after); IDEM_BENCH_ROWS picks rows by name (a grep -E pattern).
 # IDEM_BENCH_ROUNDS (default 1) runs the whole table that many times and
 # prints each row's median (the ratio is taken to the hop of the same

@@ -148,10 +148,12 @@ fn quoted(value: &str) -> Option<String> {
 }
 
 /// Sets the gateway's forwarding headers for a request from `peer` whose
-/// `Host` was `host`.
+/// `Host` was `host`. A client's own are dropped first unless trusted,
+/// also for a request whose peer is unknown (the front service always
+/// names it), which then gets none of the gateway's.
 fn set_forwarding(
     headers: &mut HeaderMap,
-    peer: std::net::IpAddr,
+    peer: Option<std::net::IpAddr>,
     host: Option<&str>,
     proto: &'static str,
     trust: bool,
@@ -161,6 +163,9 @@ fn set_forwarding(
             headers.remove(name);
         }
     }
+    let Some(peer) = peer else {
+        return;
+    };
     // Only a Host that is a plain host[:port] is passed on (an authority
     // may hold commas and other sub-delimiters; a forwarded host may not).
     let host = host.filter(|h| {
@@ -314,23 +319,13 @@ impl Forwarder {
             .and_then(|h| h.to_str().ok())
             .map(str::to_owned);
         strip_hop_by_hop(&mut parts.headers, &self.protected);
-        match peer {
-            Some(ip) => set_forwarding(
-                &mut parts.headers,
-                ip,
-                original_host.as_deref(),
-                self.client_proto,
-                self.trust_forwarded,
-            ),
-            // The front service always says who the peer is; without it a
-            // client's own forwarding headers still never pass unchecked.
-            None if !self.trust_forwarded => {
-                for name in FORWARDING {
-                    parts.headers.remove(name);
-                }
-            }
-            None => {}
-        }
+        set_forwarding(
+            &mut parts.headers,
+            peer,
+            original_host.as_deref(),
+            self.client_proto,
+            self.trust_forwarded,
+        );
         parts.headers.remove(header::HOST);
         parts.uri = target;
         let request = Request::from_parts(parts, body);
