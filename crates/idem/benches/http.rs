@@ -17,13 +17,15 @@
 //! generator is reqwest with keep-alive connections in this process, so
 //! client, gateway and upstream share the 2 cores alike in every row.
 
+mod common;
+
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::routing::post;
+use common::handler_app;
 use idem_core::{MemoryStore, Store};
 use idem_http::IdempotencyLayer;
 
@@ -32,19 +34,6 @@ fn env_or(name: &str, default: u64) -> u64 {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-fn handler_app() -> Router {
-    Router::new().route(
-        "/orders",
-        post(|body: String| async move {
-            (
-                axum::http::StatusCode::CREATED,
-                [("content-type", "application/json")],
-                format!("{{\"order\":1,\"len\":{}}}", body.len()),
-            )
-        }),
-    )
 }
 
 async fn serve(router: Router) -> String {
