@@ -20,7 +20,7 @@ use tracing::Instrument;
 use crate::body::{Body, BoxError, boxed, full};
 use crate::context::IdempotencyContext;
 use crate::layer::Shared;
-use crate::metrics::{self, Outcome, count, timed};
+use crate::metrics::{Outcome, StoreOp};
 use crate::rejection::Rejection;
 use crate::replay::{replay, set_expires, to_stored};
 use crate::rule::{KeyRequirement, RouteRule, ScopeError};
@@ -29,13 +29,13 @@ use crate::rule::{KeyRequirement, RouteRule, ScopeError};
 pub const IDEMPOTENCY_KEY: HeaderName =
     HeaderName::from_static(idem_core::header_names::IDEMPOTENCY_KEY);
 
-fn reject(r: Rejection) -> Response<Body> {
-    count(r.outcome());
+fn reject(shared: &Shared, r: Rejection) -> Response<Body> {
+    shared.meters.count(r.outcome());
     r.into_response()
 }
 
-fn reject_keyed(r: Rejection, expires_at: Timestamp) -> Response<Body> {
-    let mut response = reject(r);
+fn reject_keyed(shared: &Shared, r: Rejection, expires_at: Timestamp) -> Response<Body> {
+    let mut response = reject(shared, r);
     set_expires(response.headers_mut(), expires_at);
     response
 }
@@ -53,12 +53,12 @@ pub struct OutcomeUnknown;
 /// as `Unavailable` (503, fail closed).
 pub(crate) async fn store_call<T>(
     shared: &Shared,
-    op: &'static str,
+    op: StoreOp,
     fut: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
-    tokio::time::timeout(shared.store_timeout, timed(op, fut))
+    tokio::time::timeout(shared.store_timeout, shared.meters.timed(op, fut))
         .await
-        .unwrap_or_else(|_| Err(crate::maintenance::timed_out(op)))
+        .unwrap_or_else(|_| Err(crate::maintenance::timed_out(op.as_str())))
 }
 
 /// The inner service's call, boxed.
@@ -104,14 +104,17 @@ where
     };
     let key = match parse_key(&shared, &raw, &parts.headers) {
         Ok(k) => k,
-        Err(r) => return Ok(reject(r)),
+        Err(r) => return Ok(reject(&shared, r)),
     };
     let scope = match shared.scope.scope_of(&parts) {
         Ok(s) if shared.require_scope && s == idem_core::Scope::anonymous() => {
-            return Ok(reject(Rejection::Scope(ScopeError::CredentialRequired)));
+            return Ok(reject(
+                &shared,
+                Rejection::Scope(ScopeError::CredentialRequired),
+            ));
         }
         Ok(s) => s,
-        Err(e) => return Ok(reject(Rejection::Scope(e))),
+        Err(e) => return Ok(reject(&shared, Rejection::Scope(e))),
     };
     let id = RecordId::new(scope, rule.operation(&parts.method), key);
 
@@ -122,7 +125,10 @@ where
     let limit = rule.body_limit.unwrap_or(shared.body_limit);
     let bytes = match read_body(body, &parts.headers, limit, shared.body_timeout).await {
         Ok(b) => b,
-        Err(r) => return Ok(ended(&id, started, r.outcome(), reject_and_close(r))),
+        Err(r) => {
+            let outcome = r.outcome();
+            return Ok(ended(&id, started, outcome, reject_and_close(&shared, r)));
+        }
     };
     let content_type = parts
         .headers
@@ -151,7 +157,10 @@ where
     // around this layer (a TraceLayer, OpenTelemetry) covers the handler.
     // It logs the request's end itself: a client that hangs up drops the
     // wait below, not the execution, and its end is still logged.
-    let execution = execute(shared.clone(), call, ctx, rule, lease);
+    // Boxed: the task's future is moved several times on its way into the
+    // runtime, and the execution's state is a few kilobytes.
+    let execution = Box::pin(execute(shared.clone(), call, ctx, rule, lease));
+    let shared_for_panic = shared.clone();
     let task = shared.tracker.spawn(
         async move {
             match AssertUnwindSafe(execution).catch_unwind().await {
@@ -166,7 +175,7 @@ where
                     &id,
                     started,
                     Outcome::Released,
-                    reject(Rejection::HandlerFailed),
+                    reject(&shared_for_panic, Rejection::HandlerFailed),
                 )),
             }
         }
@@ -174,7 +183,7 @@ where
     );
     // The task catches every panic; a join error is a cancelled runtime.
     task.await
-        .unwrap_or_else(|_| Ok(reject(Rejection::HandlerFailed)))
+        .unwrap_or_else(|_| Ok(reject(&shared, Rejection::HandlerFailed)))
 }
 
 /// How a keyed request ended: the outcome it was counted under in
@@ -232,8 +241,8 @@ fn parse_key(
 /// A rejection sent before the request body was read to its end: the
 /// connection is closed after the answer, since what is left of the body
 /// cannot be told apart from a next request.
-fn reject_and_close(r: Rejection) -> Response<Body> {
-    let mut response = reject(r);
+fn reject_and_close(shared: &Shared, r: Rejection) -> Response<Body> {
+    let mut response = reject(shared, r);
     response
         .headers_mut()
         .insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -327,8 +336,8 @@ async fn claim_or_wait(
         .as_ref()
         .and_then(|c| c.get(id, &fingerprint, Timestamp::now()))
     {
-        count(Outcome::Replayed);
-        ::metrics::counter!(metrics::REPLAY_CACHE_HITS).increment(1);
+        shared.meters.count(Outcome::Replayed);
+        shared.meters.replay_cache_hit();
         return Err((Outcome::Replayed, replay(&kept.response, kept.expires_at)));
     }
     let mut backoff = Duration::from_millis(50);
@@ -356,9 +365,9 @@ async fn claim_or_wait(
             let r = Rejection::StoreUnavailable {
                 retry_after: shared.unavailable_retry_after,
             };
-            (r.outcome(), reject(r))
+            (r.outcome(), reject(shared, r))
         };
-        let mut claim = store_call(shared, "claim", shared.store.claim(&req))
+        let mut claim = store_call(shared, StoreOp::Claim, shared.store.claim(&req))
             .await
             .map_err(unavailable)?;
         if let Claim::Mismatch { .. } = claim {
@@ -366,7 +375,7 @@ async fn claim_or_wait(
             // way it was written, so its retries keep replaying: claimed
             // again with the old fingerprint, so that the store answers
             // (and settles, waits for replicas, ...) as for any claim.
-            let record = store_call(shared, "get", shared.store.get(id, req.now))
+            let record = store_call(shared, StoreOp::Get, shared.store.get(id, req.now))
                 .await
                 .map_err(unavailable)?;
             if record.is_some_and(|r| written_with_legacy(&r, legacy)) {
@@ -374,7 +383,7 @@ async fn claim_or_wait(
                     fingerprint: legacy(),
                     ..req.clone()
                 };
-                claim = store_call(shared, "claim", shared.store.claim(&as_before))
+                claim = store_call(shared, StoreOp::Claim, shared.store.claim(&as_before))
                     .await
                     .map_err(unavailable)?;
             }
@@ -382,18 +391,18 @@ async fn claim_or_wait(
         match claim {
             Claim::Acquired(lease) => {
                 if lease.takeover {
-                    ::metrics::counter!(metrics::TAKEOVERS).increment(1);
+                    shared.meters.takeover();
                 }
                 return Ok(lease);
             }
             Claim::Mismatch { expires_at } => {
                 return Err((
                     Outcome::Mismatch,
-                    reject_keyed(Rejection::Mismatch, expires_at),
+                    reject_keyed(shared, Rejection::Mismatch, expires_at),
                 ));
             }
             Claim::Replay(record) => {
-                count(Outcome::Replayed);
+                shared.meters.count(Outcome::Replayed);
                 if let Some(cache) = &shared.replays {
                     cache.keep(&record);
                 }
@@ -410,7 +419,7 @@ async fn claim_or_wait(
                     let r = Rejection::InFlight {
                         retry_after: shared.in_flight_retry_after,
                     };
-                    (r.outcome(), reject_keyed(r, expires_at))
+                    (r.outcome(), reject_keyed(shared, r, expires_at))
                 };
                 let (Some(deadline), Some(notified)) = (deadline, notified) else {
                     return Err(in_flight());
@@ -440,10 +449,10 @@ async fn execute<E>(
     shared: Arc<Shared>,
     call: BoxFuture<'static, Result<Response<Body>, E>>,
     ctx: IdempotencyContext,
-    rule: RouteRule,
+    rule: Arc<RouteRule>,
     lease: Lease,
 ) -> Ended<Result<Response<Body>, E>> {
-    let token = shared.in_progress.begin();
+    let token = shared.in_progress.begin(&shared.meters);
     let id = ctx.id().clone();
     let outcome = tokio::select! {
         biased;
@@ -537,8 +546,8 @@ async fn execute<E>(
 
 fn finish(shared: &Shared, id: &RecordId, token: u64, outcome: Outcome) {
     shared.waiters.wake(id);
-    shared.in_progress.end(token);
-    count(outcome);
+    shared.in_progress.end(token, &shared.meters);
+    shared.meters.count(outcome);
 }
 
 /// A handler's response body, read up to the layer's response limit.
@@ -648,7 +657,7 @@ async fn complete(shared: &Shared, id: &RecordId, lease: Lease, completion: Comp
         attempt += 1;
         match store_call(
             shared,
-            "complete",
+            StoreOp::Complete,
             shared
                 .store
                 .complete(id, lease.fence, completion.clone(), Timestamp::now()),
@@ -657,7 +666,7 @@ async fn complete(shared: &Shared, id: &RecordId, lease: Lease, completion: Comp
         {
             Ok(Settled::Applied) => return Outcome::Executed,
             Ok(Settled::StaleFence) => {
-                ::metrics::counter!(metrics::STALE).increment(1);
+                shared.meters.stale_completion();
                 tracing::warn!(key = %id.key.log_id(), "lease lost before completion; result not stored");
                 return Outcome::Executed;
             }
@@ -667,7 +676,7 @@ async fn complete(shared: &Shared, id: &RecordId, lease: Lease, completion: Comp
                 backoff = (backoff * 2).min(Duration::from_secs(1));
             }
             Err(e) => {
-                ::metrics::counter!(metrics::UNRECORDED).increment(1);
+                shared.meters.unrecorded_completion();
                 tracing::error!(key = %id.key.log_id(), error = %e, attempt, "completion failed until the lease ended; the record stays in progress until recovery");
                 return Outcome::Executed;
             }
@@ -679,7 +688,7 @@ async fn release(shared: &Shared, id: &RecordId, lease: Lease) {
     for attempt in 1..=SETTLE_ATTEMPTS {
         match store_call(
             shared,
-            "release",
+            StoreOp::Release,
             shared.store.release(id, lease.fence, Timestamp::now()),
         )
         .await

@@ -11,7 +11,7 @@ use tower::Layer;
 
 use crate::body::Body;
 use crate::flow::IDEMPOTENCY_KEY;
-use crate::metrics::{InProgress, count};
+use crate::metrics::{InProgress, Meters};
 use crate::rejection::Rejection;
 use crate::replay_cache::ReplayCache;
 use crate::rule::{KeyRequirement, RouteRule, ScopeSource};
@@ -21,7 +21,8 @@ use crate::wait::Waiters;
 /// Everything one layer's services share.
 pub(crate) struct Shared {
     pub(crate) store: Arc<dyn Store>,
-    pub(crate) rules: Vec<RouteRule>,
+    /// Shared with each request they match, not copied into it.
+    pub(crate) rules: Vec<Arc<RouteRule>>,
     pub(crate) default_methods: Vec<Method>,
     pub(crate) default_key: KeyRequirement,
     pub(crate) default_policy: Policy,
@@ -39,6 +40,7 @@ pub(crate) struct Shared {
     pub(crate) unavailable_retry_after: Duration,
     pub(crate) waiters: Waiters,
     pub(crate) in_progress: InProgress,
+    pub(crate) meters: Meters,
     pub(crate) shutdown: CancellationToken,
     pub(crate) tracker: TaskTracker,
     /// Finished records replayed before; `None`: off.
@@ -49,14 +51,16 @@ impl Shared {
     /// The rule for a request: the first configured rule that matches, or
     /// the default rule for the default methods (POST and PATCH), whose
     /// operation is the literal path. `None`: pass through.
-    pub(crate) fn rule_for(&self, method: &Method, path: &str) -> Option<RouteRule> {
+    pub(crate) fn rule_for(&self, method: &Method, path: &str) -> Option<Arc<RouteRule>> {
         if let Some(rule) = self.rules.iter().find(|r| r.matches(method, path)) {
             return Some(rule.clone());
         }
         self.default_methods.contains(method).then(|| {
-            RouteRule::new(method.clone(), path)
-                .key(self.default_key)
-                .policy(self.default_policy.clone())
+            Arc::new(
+                RouteRule::new(method.clone(), path)
+                    .key(self.default_key)
+                    .policy(self.default_policy.clone()),
+            )
         })
     }
 
@@ -65,7 +69,7 @@ impl Shared {
     /// header, so a client of an API with another header name is told
     /// which one to send.
     pub(crate) fn reject_key_header(&self, r: Rejection) -> Response<Body> {
-        count(r.outcome());
+        self.meters.count(r.outcome());
         r.problem_naming(&self.key_header).into_response()
     }
 }
@@ -168,6 +172,7 @@ impl IdempotencyLayerBuilder {
                 unavailable_retry_after: Duration::from_secs(1),
                 waiters: Waiters::default(),
                 in_progress: InProgress::default(),
+                meters: Meters::default(),
                 shutdown: CancellationToken::new(),
                 tracker: TaskTracker::new(),
                 replays: None,
@@ -179,7 +184,7 @@ impl IdempotencyLayerBuilder {
     /// Adds a route rule. Rules are tried in the order added; the first
     /// that matches wins.
     pub fn route(mut self, rule: RouteRule) -> Self {
-        self.shared.rules.push(rule);
+        self.shared.rules.push(Arc::new(rule));
         self
     }
 
@@ -344,7 +349,7 @@ impl LayerHandle {
     /// Refreshes the in-progress gauges (the oldest age grows without any
     /// event); call it on a timer.
     pub fn report_metrics(&self) {
-        self.shared.in_progress.report();
+        self.shared.in_progress.report(&self.shared.meters);
     }
 
     /// How many records have requests waiting on them in this process

@@ -7,16 +7,24 @@
 //! | `idem_lease_takeovers_total` | counter | |
 //! | `idem_records_in_progress` | gauge | (this process's executions) |
 //! | `idem_in_progress_oldest_seconds` | gauge | |
-//! | `idem_store_duration_seconds` | histogram | `op`: claim, complete, release, get |
+//! | `idem_store_duration_seconds` | histogram | `op`: claim, complete, release, get, find_by_key |
 //! | `idem_stale_completions_total` | counter | (an executor lost its lease before finishing) |
 //! | `idem_unrecorded_completions_total` | counter | (answered, but the store failed for the whole lease: the record stays in progress) |
 //! | `idem_replay_cache_hits_total` | counter | (replays answered from memory, without the store) |
 
+//!
+//! The layer takes its handles from the recorder installed when it first
+//! records something, not when it is built (an application may build its
+//! router before it installs its recorder), and keeps them: install the
+//! recorder before the layer serves its first request.
+
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
+
+use metrics::{Counter, Gauge, Histogram};
 
 /// Request counter.
 pub const REQUESTS: &str = "idem_requests_total";
@@ -65,6 +73,21 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// Every outcome (every `outcome` label value), in the order of its
+    /// discriminant.
+    pub const ALL: [Outcome; 10] = [
+        Outcome::Executed,
+        Outcome::Replayed,
+        Outcome::Conflict,
+        Outcome::Mismatch,
+        Outcome::MissingKey,
+        Outcome::InvalidKey,
+        Outcome::StoreUnavailable,
+        Outcome::Released,
+        Outcome::InvalidRequest,
+        Outcome::Held,
+    ];
+
     /// The label value.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -82,16 +105,97 @@ impl Outcome {
     }
 }
 
-pub(crate) fn count(outcome: Outcome) {
-    metrics::counter!(REQUESTS, "outcome" => outcome.as_str()).increment(1);
+/// A store call, as labelled in `idem_store_duration_seconds`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StoreOp {
+    Claim,
+    Complete,
+    Release,
+    Get,
+    FindByKey,
 }
 
-/// Times a store operation into `idem_store_duration_seconds{op}`.
-pub(crate) async fn timed<T>(op: &'static str, fut: impl Future<Output = T>) -> T {
-    let start = Instant::now();
-    let out = fut.await;
-    metrics::histogram!(STORE_DURATION, "op" => op).record(start.elapsed().as_secs_f64());
-    out
+impl StoreOp {
+    const ALL: [StoreOp; 5] = [
+        StoreOp::Claim,
+        StoreOp::Complete,
+        StoreOp::Release,
+        StoreOp::Get,
+        StoreOp::FindByKey,
+    ];
+
+    /// The label value; also names the call in a timeout's error.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            StoreOp::Claim => "claim",
+            StoreOp::Complete => "complete",
+            StoreOp::Release => "release",
+            StoreOp::Get => "get",
+            StoreOp::FindByKey => "find_by_key",
+        }
+    }
+}
+
+/// The layer's metric handles. A lookup by name and labels costs the
+/// recorder a hash and a lock on every call; a handle is an atomic update.
+/// Taken from the recorder on first use (see the module's documentation).
+#[derive(Debug, Default)]
+pub(crate) struct Meters(OnceLock<Handles>);
+
+#[derive(Debug)]
+struct Handles {
+    requests: [Counter; Outcome::ALL.len()],
+    store: [Histogram; StoreOp::ALL.len()],
+    takeovers: Counter,
+    replay_cache_hits: Counter,
+    stale: Counter,
+    unrecorded: Counter,
+    in_progress: Gauge,
+    oldest: Gauge,
+}
+
+impl Meters {
+    fn handles(&self) -> &Handles {
+        self.0.get_or_init(|| Handles {
+            requests: Outcome::ALL.map(|o| metrics::counter!(REQUESTS, "outcome" => o.as_str())),
+            store: StoreOp::ALL.map(|op| metrics::histogram!(STORE_DURATION, "op" => op.as_str())),
+            takeovers: metrics::counter!(TAKEOVERS),
+            replay_cache_hits: metrics::counter!(REPLAY_CACHE_HITS),
+            stale: metrics::counter!(STALE),
+            unrecorded: metrics::counter!(UNRECORDED),
+            in_progress: metrics::gauge!(IN_PROGRESS),
+            oldest: metrics::gauge!(OLDEST),
+        })
+    }
+
+    /// Counts a keyed request's end in `idem_requests_total{outcome}`.
+    pub(crate) fn count(&self, outcome: Outcome) {
+        self.handles().requests[outcome as usize].increment(1);
+    }
+
+    /// Times a store call into `idem_store_duration_seconds{op}`.
+    pub(crate) async fn timed<T>(&self, op: StoreOp, fut: impl Future<Output = T>) -> T {
+        let start = Instant::now();
+        let out = fut.await;
+        self.handles().store[op as usize].record(start.elapsed().as_secs_f64());
+        out
+    }
+
+    pub(crate) fn takeover(&self) {
+        self.handles().takeovers.increment(1);
+    }
+
+    pub(crate) fn replay_cache_hit(&self) {
+        self.handles().replay_cache_hits.increment(1);
+    }
+
+    pub(crate) fn stale_completion(&self) {
+        self.handles().stale.increment(1);
+    }
+
+    pub(crate) fn unrecorded_completion(&self) {
+        self.handles().unrecorded.increment(1);
+    }
 }
 
 /// This process's running executions, for the in-progress gauges.
@@ -102,7 +206,7 @@ pub(crate) struct InProgress {
 }
 
 impl InProgress {
-    pub(crate) fn begin(&self) -> u64 {
+    pub(crate) fn begin(&self, meters: &Meters) -> u64 {
         let id = {
             // The id is taken under the lock, so ids and start times grow
             // together and the first entry is the oldest.
@@ -111,29 +215,52 @@ impl InProgress {
             started.insert(id, Instant::now());
             id
         };
-        self.report();
+        self.report(meters);
         id
     }
 
-    pub(crate) fn end(&self, id: u64) {
+    pub(crate) fn end(&self, id: u64, meters: &Meters) {
         self.lock().remove(&id);
-        self.report();
+        self.report(meters);
     }
 
     /// Sets both gauges; call it on a timer too, since the oldest age grows
     /// without any event.
-    pub(crate) fn report(&self) {
+    pub(crate) fn report(&self, meters: &Meters) {
+        let handles = meters.handles();
         let started = self.lock();
-        metrics::gauge!(IN_PROGRESS).set(started.len() as f64);
+        handles.in_progress.set(started.len() as f64);
         let oldest = started
             .first_key_value()
             .map_or(0.0, |(_, t)| t.elapsed().as_secs_f64());
-        metrics::gauge!(OLDEST).set(oldest);
+        handles.oldest.set(oldest);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Instant>> {
         self.started
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The handles are indexed by discriminant: each list must be in that
+    /// order and name every variant once.
+    #[test]
+    fn handle_lists_are_in_discriminant_order() {
+        for (i, outcome) in Outcome::ALL.iter().enumerate() {
+            assert_eq!(*outcome as usize, i, "{outcome:?}");
+        }
+        for (i, op) in StoreOp::ALL.iter().enumerate() {
+            assert_eq!(*op as usize, i, "{op:?}");
+        }
+        // A variant added after `Held` must be added to the list too.
+        assert_eq!(Outcome::Held as usize, Outcome::ALL.len() - 1);
+        let labels: std::collections::HashSet<_> =
+            Outcome::ALL.iter().map(|o| o.as_str()).collect();
+        assert_eq!(labels.len(), Outcome::ALL.len());
     }
 }

@@ -29,6 +29,7 @@ use serde::Serialize;
 use crate::body::{Body, full};
 use crate::flow::store_call;
 use crate::layer::Shared;
+use crate::metrics::StoreOp;
 use crate::problem::Problem;
 use crate::rejection::Rejection;
 use crate::rule::ScopeError;
@@ -203,14 +204,14 @@ impl ReadPath {
                     |rule| rule.operation(&method),
                 );
                 let id = RecordId::new(scope, operation, key);
-                store_call(&self.shared, "get", store.get(&id, now))
+                store_call(&self.shared, StoreOp::Get, store.get(&id, now))
                     .await
                     .map(|r| r.into_iter().collect::<Vec<_>>())
             }
             (None, None) => {
                 store_call(
                     &self.shared,
-                    "find_by_key",
+                    StoreOp::FindByKey,
                     store.find_by_key(&scope, &key, now, 1),
                 )
                 .await

@@ -61,7 +61,13 @@ impl Waiters {
 
     /// Wakes every waiter on `id`.
     pub(crate) fn wake(&self, id: &RecordId) {
-        if let Some(n) = self.lock().remove(id) {
+        let mut map = self.lock();
+        // Most finishes have no one waiting: skip hashing the id.
+        if map.is_empty() {
+            return;
+        }
+        if let Some(n) = map.remove(id) {
+            drop(map);
             n.notify_waiters();
         }
     }

@@ -50,28 +50,14 @@ fn registered() -> BTreeSet<&'static str> {
 
 /// Every `outcome` label value of `idem_requests_total`.
 fn outcomes() -> BTreeSet<&'static str> {
-    [
-        Outcome::Executed,
-        Outcome::Replayed,
-        Outcome::Conflict,
-        Outcome::Mismatch,
-        Outcome::MissingKey,
-        Outcome::InvalidKey,
-        Outcome::StoreUnavailable,
-        Outcome::Released,
-        Outcome::InvalidRequest,
-        Outcome::Held,
-    ]
-    .into_iter()
-    .map(Outcome::as_str)
-    .collect()
+    Outcome::ALL.into_iter().map(Outcome::as_str).collect()
 }
 
 /// The `action` label values of `idem_reconciled_total` (maintenance.rs).
 const ACTIONS: [&str; 4] = ["completed", "released", "left", "superseded"];
 
-/// The `op` label values of `idem_store_duration_seconds` (flow.rs).
-const OPS: [&str; 4] = ["claim", "complete", "release", "get"];
+/// The `op` label values of `idem_store_duration_seconds` (metrics.rs).
+const OPS: [&str; 5] = ["claim", "complete", "release", "get", "find_by_key"];
 
 /// Names starting `idem_` in `text` (a PromQL expression, or YAML).
 fn metric_names(text: &str) -> BTreeSet<String> {
