@@ -1,5 +1,7 @@
 //! Turning handler responses into stored ones and back.
 
+use std::cell::RefCell;
+
 use http::header::{self, HeaderName};
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use idem_core::{StoredResponse, Timestamp};
@@ -98,9 +100,23 @@ pub fn http_date(t: Timestamp) -> Option<String> {
         .then(|| httpdate::fmt_http_date(t.to_system_time()))
 }
 
-/// Adds `Idempotency-Key-Expires`.
+/// Adds `Idempotency-Key-Expires`. The header names a second, and answers
+/// that follow each other mostly name the same one: each thread keeps the
+/// last value it wrote.
 pub(crate) fn set_expires(headers: &mut HeaderMap, expires_at: Timestamp) {
-    if let Some(v) = http_date(expires_at).and_then(|d| HeaderValue::from_str(&d).ok()) {
+    thread_local! {
+        static LAST: RefCell<Option<(i64, HeaderValue)>> = const { RefCell::new(None) };
+    }
+    let second = expires_at.as_millis().div_euclid(1000);
+    let value = LAST.with_borrow_mut(|last| match last {
+        Some((s, v)) if *s == second => Some(v.clone()),
+        _ => {
+            let v = http_date(expires_at).and_then(|d| HeaderValue::from_str(&d).ok())?;
+            *last = Some((second, v.clone()));
+            Some(v)
+        }
+    });
+    if let Some(v) = value {
         headers.insert(IDEMPOTENCY_KEY_EXPIRES, v);
     }
 }
@@ -118,6 +134,26 @@ pub(crate) fn replay(stored: &StoredResponse, expires_at: Timestamp) -> Response
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The value kept from the last answer is used only within its second,
+    /// and a date past what the format can write is still left out.
+    #[test]
+    fn the_expiry_header_names_its_own_second() {
+        let expires = |ms: i64| {
+            let mut h = HeaderMap::new();
+            set_expires(&mut h, Timestamp::from_millis(ms));
+            h.get(IDEMPOTENCY_KEY_EXPIRES).cloned()
+        };
+        let t = 1_800_000_000_000;
+        let first = expires(t + 999);
+        assert_eq!(first.as_ref().unwrap(), "Fri, 15 Jan 2027 08:00:00 GMT");
+        assert_eq!(expires(t), first);
+        assert_eq!(expires(t + 1_000).unwrap(), "Fri, 15 Jan 2027 08:00:01 GMT");
+        assert_eq!(expires(t - 1).unwrap(), "Fri, 15 Jan 2027 07:59:59 GMT");
+        assert_eq!(expires(LAST_HTTP_DATE_MS + 1_000), None);
+        assert_eq!(expires(-1_000), None);
+        assert_eq!(expires(t).unwrap(), "Fri, 15 Jan 2027 08:00:00 GMT");
+    }
 
     #[test]
     fn only_allowlisted_headers_are_stored() {
