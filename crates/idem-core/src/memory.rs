@@ -6,22 +6,22 @@
 //! across an `.await`. Nothing survives the process; use the SQLite store
 //! when it must.
 //!
-//! Because every operation of one (scope, key) lives in one shard, each
-//! shard also keeps an index from (scope, key) to the operations it holds
-//! records for, updated under the same lock as the records themselves (on
-//! the claim that creates a record, the release that deletes it, and the
-//! purge). [`Store::find_by_key`] therefore locks one shard and reads a few
-//! records, whatever the size of the store.
+//! A store call hashes the (scope, key) once, with a keyed hash seeded at
+//! random per store, so a client cannot choose keys that collide. That hash
+//! picks the shard and, inside it, the bucket that holds every record of
+//! the (scope, key), whatever its operation: [`Store::find_by_key`] reads
+//! one bucket, and a claim copies no part of the id to look it up. Two
+//! (scope, key)s whose 64-bit hashes collide share a bucket, which costs
+//! nothing but a comparison: every lookup compares the whole id.
 
 use std::collections::HashMap;
-use std::collections::hash_map::Entry;
-use std::hash::{BuildHasher, RandomState};
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::key::Key;
 use crate::record::{Fence, Record, Status};
-use crate::scope::{Operation, RecordId, Scope};
+use crate::scope::{RecordId, Scope};
 use crate::store::{
     BoxFuture, Claim, ClaimRequest, Completion, Settled, StaleCursor, Store, StoreError,
 };
@@ -38,37 +38,81 @@ pub struct MemoryStore {
     fences: AtomicU64,
 }
 
-/// One shard: its records, and the operations of its records by (scope, key).
-#[derive(Debug, Default)]
-struct Shard {
-    records: HashMap<RecordId, Record>,
-    /// Never holds an empty list: a (scope, key) whose last record goes is
-    /// removed.
-    by_key: HashMap<(Scope, Key), Vec<Operation>>,
+/// The hash of a (scope, key), computed once per store call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct KeyHash(u64);
+
+impl KeyHash {
+    /// The shard: bits the bucket's place in the map (the low ones) and its
+    /// tag (the top seven) do not use, so a shard's buckets spread over its
+    /// map.
+    fn shard(self) -> usize {
+        (self.0 >> 32) as usize % SHARDS
+    }
 }
 
-impl Shard {
-    /// Saves `record` under `id`, indexing it if it is new.
-    fn insert(&mut self, id: &RecordId, record: Record) {
-        if self.records.insert(id.clone(), record).is_none() {
-            self.by_key
-                .entry((id.scope.clone(), id.key.clone()))
-                .or_default()
-                .push(id.operation.clone());
+/// Hashes a [`KeyHash`] to itself: it is already a keyed hash.
+#[derive(Debug, Default)]
+struct Prehashed(u64);
+
+impl Hasher for Prehashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `KeyHash` is hashed here, through `write_u64`; this keeps
+        // any other input well mixed all the same.
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
         }
     }
 
-    /// Deletes the record at `id` and its index entry.
-    fn remove(&mut self, id: &RecordId) {
-        if self.records.remove(id).is_none() {
-            return;
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+/// One shard: buckets of records by the hash of their (scope, key).
+#[derive(Debug, Default)]
+struct Shard {
+    /// Never holds an empty bucket: one whose last record goes is removed.
+    buckets: HashMap<KeyHash, Vec<Record>, BuildHasherDefault<Prehashed>>,
+}
+
+impl Shard {
+    fn get(&self, hash: KeyHash, id: &RecordId) -> Option<&Record> {
+        self.buckets.get(&hash)?.iter().find(|r| r.id == *id)
+    }
+
+    fn get_mut(&mut self, hash: KeyHash, id: &RecordId) -> Option<&mut Record> {
+        self.buckets
+            .get_mut(&hash)?
+            .iter_mut()
+            .find(|r| r.id == *id)
+    }
+
+    /// Saves `record`, over the record with its id if there is one.
+    fn put(&mut self, hash: KeyHash, record: Record) {
+        let bucket = self.buckets.entry(hash).or_default();
+        match bucket.iter_mut().find(|r| r.id == record.id) {
+            Some(slot) => *slot = record,
+            None => bucket.push(record),
         }
-        if let Entry::Occupied(mut ops) = self.by_key.entry((id.scope.clone(), id.key.clone())) {
-            ops.get_mut().retain(|op| *op != id.operation);
-            if ops.get().is_empty() {
-                ops.remove();
+    }
+
+    /// Deletes the record at `id`, and its bucket if it was the last.
+    fn remove(&mut self, hash: KeyHash, id: &RecordId) {
+        if let Some(bucket) = self.buckets.get_mut(&hash) {
+            bucket.retain(|r| r.id != *id);
+            if bucket.is_empty() {
+                self.buckets.remove(&hash);
             }
         }
+    }
+
+    fn records(&self) -> impl Iterator<Item = &Record> {
+        self.buckets.values().flatten()
     }
 }
 
@@ -90,7 +134,7 @@ impl MemoryStore {
 
     /// How many records it holds, expired ones included.
     pub fn len(&self) -> usize {
-        (0..SHARDS).map(|i| self.lock(i).records.len()).sum()
+        (0..SHARDS).map(|i| self.lock(i).records().count()).sum()
     }
 
     /// Whether it holds no record.
@@ -98,10 +142,10 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    /// The shard of every record of `scope` with `key`, whatever its
-    /// operation, so that [`Store::find_by_key`] locks one shard.
-    fn shard_of(&self, scope: &Scope, key: &Key) -> usize {
-        (self.hasher.hash_one((scope, key)) as usize) % SHARDS
+    /// The hash of every record of `scope` with `key`, whatever its
+    /// operation, so that [`Store::find_by_key`] reads one bucket.
+    fn hash(&self, scope: &Scope, key: &Key) -> KeyHash {
+        KeyHash(self.hasher.hash_one((scope, key)))
     }
 
     /// Locks a shard. A panic while holding the lock cannot leave a record
@@ -120,10 +164,11 @@ impl MemoryStore {
     /// Decides a claim and writes its outcome under the shard's lock. Sync,
     /// so the lock is never held across an `.await`.
     fn claim_locked(&self, req: &ClaimRequest) -> Claim {
-        let mut shard = self.lock(self.shard_of(&req.id.scope, &req.id.key));
-        let step = transition::claim(shard.records.get(&req.id), req, || self.next_fence());
+        let hash = self.hash(&req.id.scope, &req.id.key);
+        let mut shard = self.lock(hash.shard());
+        let step = transition::claim(shard.get(hash, &req.id), req, || self.next_fence());
         if let Some(record) = step.write {
-            shard.insert(&req.id, record);
+            shard.put(hash, record);
         }
         step.claim
     }
@@ -136,17 +181,17 @@ impl MemoryStore {
         fence: Fence,
         completion: Option<Completion>,
     ) -> Settled {
-        let mut shard = self.lock(self.shard_of(&id.scope, &id.key));
-        if !transition::may_finish(shard.records.get(id), fence) {
+        let hash = self.hash(&id.scope, &id.key);
+        let mut shard = self.lock(hash.shard());
+        let Some(record) = shard.get_mut(hash, id) else {
+            return Settled::StaleFence;
+        };
+        if !transition::may_finish(Some(record), fence) {
             return Settled::StaleFence;
         }
         match completion {
-            Some(c) => {
-                if let Some(rec) = shard.records.get_mut(id) {
-                    transition::complete(rec, c);
-                }
-            }
-            None => shard.remove(id),
+            Some(c) => transition::complete(record, c),
+            None => shard.remove(hash, id),
         }
         Settled::Applied
     }
@@ -182,8 +227,9 @@ impl Store for MemoryStore {
         now: Timestamp,
     ) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
         Box::pin(async move {
-            let shard = self.lock(self.shard_of(&id.scope, &id.key));
-            Ok(shard.records.get(id).filter(|r| r.is_live(now)).cloned())
+            let hash = self.hash(&id.scope, &id.key);
+            let shard = self.lock(hash.shard());
+            Ok(shard.get(hash, id).filter(|r| r.is_live(now)).cloned())
         })
     }
 
@@ -199,18 +245,14 @@ impl Store for MemoryStore {
                 if purged >= limit {
                     break;
                 }
-                let mut shard = self.lock(i);
-                let expired: Vec<RecordId> = shard
-                    .records
-                    .iter()
-                    .filter(|(_, r)| !r.is_live(now))
-                    .map(|(id, _)| id.clone())
-                    .take(limit - purged)
-                    .collect();
-                for id in expired {
-                    shard.remove(&id);
-                    purged += 1;
-                }
+                self.lock(i).buckets.retain(|_, bucket| {
+                    bucket.retain(|r| {
+                        let purge = purged < limit && !r.is_live(now);
+                        purged += usize::from(purge);
+                        !purge
+                    });
+                    !bucket.is_empty()
+                });
             }
             Ok(purged)
         })
@@ -229,8 +271,7 @@ impl Store for MemoryStore {
             let mut stale: Vec<Record> = (0..SHARDS)
                 .flat_map(|i| {
                     self.lock(i)
-                        .records
-                        .values()
+                        .records()
                         .filter(|r| {
                             r.status == Status::InProgress
                                 && r.is_live(now)
@@ -255,19 +296,16 @@ impl Store for MemoryStore {
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>> {
         Box::pin(async move {
-            let mut found: Vec<Record> = {
-                let shard = self.lock(self.shard_of(scope, key));
-                let Some(ops) = shard.by_key.get(&(scope.clone(), key.clone())) else {
-                    return Ok(Vec::new());
-                };
-                let mut id = RecordId::new(scope.clone(), Operation::from_raw(""), key.clone());
-                ops.iter()
-                    .filter_map(|op| {
-                        id.operation.clone_from(op);
-                        shard.records.get(&id).filter(|r| r.is_live(now)).cloned()
-                    })
-                    .collect()
-            };
+            let hash = self.hash(scope, key);
+            let mut found: Vec<Record> = self
+                .lock(hash.shard())
+                .buckets
+                .get(&hash)
+                .into_iter()
+                .flatten()
+                .filter(|r| r.id.scope == *scope && r.id.key == *key && r.is_live(now))
+                .cloned()
+                .collect();
             found.sort_by(|a, b| {
                 (b.created_at, &b.id.operation).cmp(&(a.created_at, &a.id.operation))
             });
@@ -317,16 +355,19 @@ mod tests {
         }
     }
 
-    /// The (scope, key) index follows claims, releases and purges, so it
-    /// never grows beyond the records it points at.
+    /// Buckets follow claims, releases and purges: one per (scope, key)
+    /// with records, none left behind.
     #[test]
-    fn the_key_index_keeps_in_step_with_the_records() {
+    fn buckets_keep_in_step_with_the_records() {
         use crate::{Claim, Settled, Store};
 
-        let indexed = |store: &MemoryStore| -> usize {
+        let counts = |store: &MemoryStore| -> (usize, usize) {
             (0..super::SHARDS)
-                .map(|i| store.lock(i).by_key.values().map(Vec::len).sum::<usize>())
-                .sum()
+                .map(|i| {
+                    let shard = store.lock(i);
+                    (shard.buckets.len(), shard.records().count())
+                })
+                .fold((0, 0), |(b, r), (sb, sr)| (b + sb, r + sr))
         };
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
@@ -348,34 +389,64 @@ mod tests {
                 store.claim(&short).await.unwrap(),
                 Claim::Acquired(_)
             ));
-            assert_eq!(indexed(&store), 2);
+            assert_eq!(counts(&store), (1, 2), "one bucket for one (scope, key)");
             // A takeover overwrites a record: still one entry for it.
             let later = t0() + Duration::from_secs(31);
             assert!(matches!(
                 store.claim(&request(&a, "{}", later)).await.unwrap(),
                 Claim::Acquired(_)
             ));
-            assert_eq!(indexed(&store), 2);
+            assert_eq!(counts(&store), (1, 2));
             assert_eq!(
                 store.release(&a, la.fence, later).await.unwrap(),
                 Settled::StaleFence
             );
-            assert_eq!(indexed(&store), 2, "a stale release changes nothing");
+            assert_eq!(counts(&store), (1, 2), "a stale release changes nothing");
             let rec = store.get(&a, later).await.unwrap().unwrap();
             assert_eq!(
                 store.release(&a, rec.fence, later).await.unwrap(),
                 Settled::Applied
             );
-            assert_eq!(indexed(&store), 1);
+            assert_eq!(counts(&store), (1, 1));
             let after = t0() + Duration::from_secs(60);
             assert_eq!(store.purge_expired(after, 10).await.unwrap(), 1);
-            assert_eq!(indexed(&store), 0);
-            assert!(
-                store
-                    .lock(store.shard_of(&a.scope, &a.key))
-                    .by_key
-                    .is_empty()
-            );
+            assert_eq!(counts(&store), (0, 0));
         });
+    }
+
+    /// Two (scope, key)s whose hashes collide share a bucket and stay apart:
+    /// each lookup compares the whole id.
+    #[test]
+    fn colliding_hashes_share_a_bucket_without_mixing_records() {
+        use super::{KeyHash, Shard};
+        use crate::{Claim, transition};
+
+        let a = unique_id("collide-key-0001");
+        let b = RecordId::new(
+            Scope::from_raw("another-scope"),
+            a.operation.clone(),
+            Key::new("collide-key-0002").unwrap(),
+        );
+        let record = |id: &RecordId| {
+            let step = transition::claim(None, &request(id, "{}", t0()), || {
+                crate::record::Fence::new(1)
+            });
+            assert!(matches!(step.claim, Claim::Acquired(_)));
+            step.write.unwrap()
+        };
+        let same = KeyHash(42);
+        let mut shard = Shard::default();
+        shard.put(same, record(&a));
+        shard.put(same, record(&b));
+        shard.put(same, record(&a)); // overwrites, does not add
+        assert_eq!(shard.buckets.len(), 1);
+        assert_eq!(shard.records().count(), 2);
+        assert_eq!(shard.get(same, &a).map(|r| &r.id), Some(&a));
+        assert_eq!(shard.get(same, &b).map(|r| &r.id), Some(&b));
+        shard.remove(same, &a);
+        assert!(shard.get(same, &a).is_none());
+        assert_eq!(shard.get(same, &b).map(|r| &r.id), Some(&b));
+        shard.remove(same, &b);
+        assert!(shard.buckets.is_empty());
     }
 }
