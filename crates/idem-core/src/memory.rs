@@ -8,20 +8,22 @@
 //!
 //! A store call hashes the (scope, key) once, with a keyed hash seeded at
 //! random per store, so a client cannot choose keys that collide. That hash
-//! picks the shard and, inside it, the bucket that holds every record of
-//! the (scope, key), whatever its operation: [`Store::find_by_key`] reads
-//! one bucket, and a claim copies no part of the id to look it up. Two
-//! (scope, key)s whose 64-bit hashes collide share a bucket, which costs
-//! nothing but a comparison: every lookup compares the whole id.
+//! picks the shard and, inside it, the bucket of the (scope, key): every
+//! record of it, by operation. [`Store::find_by_key`] reads one bucket, and
+//! a lookup copies no part of the id. A bucket is found by comparing its
+//! scope and key, not by the hash alone, so two (scope, key)s whose hashes
+//! collide keep buckets of their own.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
+use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
+use hashbrown::HashTable;
+
 use crate::key::Key;
 use crate::record::{Fence, Record, Status};
-use crate::scope::{RecordId, Scope};
+use crate::scope::{Operation, RecordId, Scope};
 use crate::store::{
     BoxFuture, Claim, ClaimRequest, Completion, Settled, StaleCursor, Store, StoreError,
 };
@@ -39,80 +41,98 @@ pub struct MemoryStore {
 }
 
 /// The hash of a (scope, key), computed once per store call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct KeyHash(u64);
 
 impl KeyHash {
-    /// The shard: bits the bucket's place in the map (the low ones) and its
-    /// tag (the top seven) do not use, so a shard's buckets spread over its
-    /// map.
+    /// The shard: bits that the bucket's place in the table (the low ones)
+    /// and its tag (the top seven) do not use, so a shard's buckets spread
+    /// over its table.
     fn shard(self) -> usize {
         (self.0 >> 32) as usize % SHARDS
     }
 }
 
-/// Hashes a [`KeyHash`] to itself: it is already a keyed hash.
-#[derive(Debug, Default)]
-struct Prehashed(u64);
+/// Every record of one (scope, key).
+#[derive(Debug)]
+struct Bucket {
+    hash: KeyHash,
+    scope: Scope,
+    key: Key,
+    /// Never empty: a bucket whose last record goes is removed.
+    records: HashMap<Operation, Record>,
+}
 
-impl Hasher for Prehashed {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        // Only `KeyHash` is hashed here, through `write_u64`; this keeps
-        // any other input well mixed all the same.
-        for b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
+impl Bucket {
+    fn holds(&self, scope: &Scope, key: &Key) -> bool {
+        self.scope == *scope && self.key == *key
     }
 }
 
-/// One shard: buckets of records by the hash of their (scope, key).
+/// One shard: the buckets of the (scope, key)s that hash to it.
 #[derive(Debug, Default)]
 struct Shard {
-    /// Never holds an empty bucket: one whose last record goes is removed.
-    buckets: HashMap<KeyHash, Vec<Record>, BuildHasherDefault<Prehashed>>,
+    buckets: HashTable<Bucket>,
 }
 
 impl Shard {
+    fn bucket(&self, hash: KeyHash, scope: &Scope, key: &Key) -> Option<&Bucket> {
+        self.buckets.find(hash.0, |b| b.holds(scope, key))
+    }
+
     fn get(&self, hash: KeyHash, id: &RecordId) -> Option<&Record> {
-        self.buckets.get(&hash)?.iter().find(|r| r.id == *id)
+        self.bucket(hash, &id.scope, &id.key)?
+            .records
+            .get(&id.operation)
     }
 
     fn get_mut(&mut self, hash: KeyHash, id: &RecordId) -> Option<&mut Record> {
         self.buckets
-            .get_mut(&hash)?
-            .iter_mut()
-            .find(|r| r.id == *id)
+            .find_mut(hash.0, |b| b.holds(&id.scope, &id.key))?
+            .records
+            .get_mut(&id.operation)
     }
 
     /// Saves `record`, over the record with its id if there is one.
     fn put(&mut self, hash: KeyHash, record: Record) {
-        let bucket = self.buckets.entry(hash).or_default();
-        match bucket.iter_mut().find(|r| r.id == record.id) {
-            Some(slot) => *slot = record,
-            None => bucket.push(record),
+        let id = &record.id;
+        match self
+            .buckets
+            .find_mut(hash.0, |b| b.holds(&id.scope, &id.key))
+        {
+            Some(bucket) => match bucket.records.get_mut(&id.operation) {
+                Some(slot) => *slot = record,
+                None => {
+                    bucket.records.insert(id.operation.clone(), record);
+                }
+            },
+            None => {
+                let bucket = Bucket {
+                    hash,
+                    scope: id.scope.clone(),
+                    key: id.key.clone(),
+                    records: HashMap::from([(id.operation.clone(), record)]),
+                };
+                self.buckets.insert_unique(hash.0, bucket, |b| b.hash.0);
+            }
         }
     }
 
     /// Deletes the record at `id`, and its bucket if it was the last.
     fn remove(&mut self, hash: KeyHash, id: &RecordId) {
-        if let Some(bucket) = self.buckets.get_mut(&hash) {
-            bucket.retain(|r| r.id != *id);
-            if bucket.is_empty() {
-                self.buckets.remove(&hash);
+        if let Ok(mut entry) = self
+            .buckets
+            .find_entry(hash.0, |b| b.holds(&id.scope, &id.key))
+        {
+            entry.get_mut().records.remove(&id.operation);
+            if entry.get().records.is_empty() {
+                entry.remove();
             }
         }
     }
 
     fn records(&self) -> impl Iterator<Item = &Record> {
-        self.buckets.values().flatten()
+        self.buckets.iter().flat_map(|b| b.records.values())
     }
 }
 
@@ -245,14 +265,19 @@ impl Store for MemoryStore {
                 if purged >= limit {
                     break;
                 }
-                self.lock(i).buckets.retain(|_, bucket| {
-                    bucket.retain(|r| {
+                let mut shard = self.lock(i);
+                shard.buckets.retain(|bucket| {
+                    bucket.records.retain(|_, r| {
                         let purge = purged < limit && !r.is_live(now);
                         purged += usize::from(purge);
                         !purge
                     });
-                    !bucket.is_empty()
+                    !bucket.records.is_empty()
                 });
+                // Give back what a burst of keys left once it has expired.
+                if shard.buckets.capacity() > 4 * shard.buckets.len().max(64) {
+                    shard.buckets.shrink_to_fit(|b| b.hash.0);
+                }
             }
             Ok(purged)
         })
@@ -299,11 +324,10 @@ impl Store for MemoryStore {
             let hash = self.hash(scope, key);
             let mut found: Vec<Record> = self
                 .lock(hash.shard())
-                .buckets
-                .get(&hash)
+                .bucket(hash, scope, key)
                 .into_iter()
-                .flatten()
-                .filter(|r| r.id.scope == *scope && r.id.key == *key && r.is_live(now))
+                .flat_map(|b| b.records.values())
+                .filter(|r| r.is_live(now))
                 .cloned()
                 .collect();
             found.sort_by(|a, b| {
@@ -414,32 +438,32 @@ mod tests {
         });
     }
 
-    /// Two (scope, key)s whose hashes collide share a bucket and stay apart:
-    /// each lookup compares the whole id.
+    fn claimed(id: &RecordId, at: Timestamp) -> crate::Record {
+        let step = crate::transition::claim(None, &request(id, "{}", at), || {
+            crate::record::Fence::new(1)
+        });
+        assert!(matches!(step.claim, crate::Claim::Acquired(_)));
+        step.write.unwrap()
+    }
+
+    /// Two (scope, key)s whose hashes collide keep buckets of their own:
+    /// a bucket is found by its scope and key, not by the hash alone.
     #[test]
-    fn colliding_hashes_share_a_bucket_without_mixing_records() {
+    fn colliding_hashes_keep_their_records_apart() {
         use super::{KeyHash, Shard};
-        use crate::{Claim, transition};
 
         let a = unique_id("collide-key-0001");
         let b = RecordId::new(
             Scope::from_raw("another-scope"),
             a.operation.clone(),
-            Key::new("collide-key-0002").unwrap(),
+            a.key.clone(),
         );
-        let record = |id: &RecordId| {
-            let step = transition::claim(None, &request(id, "{}", t0()), || {
-                crate::record::Fence::new(1)
-            });
-            assert!(matches!(step.claim, Claim::Acquired(_)));
-            step.write.unwrap()
-        };
         let same = KeyHash(42);
         let mut shard = Shard::default();
-        shard.put(same, record(&a));
-        shard.put(same, record(&b));
-        shard.put(same, record(&a)); // overwrites, does not add
-        assert_eq!(shard.buckets.len(), 1);
+        shard.put(same, claimed(&a, t0()));
+        shard.put(same, claimed(&b, t0()));
+        shard.put(same, claimed(&a, t0())); // overwrites, does not add
+        assert_eq!(shard.buckets.len(), 2);
         assert_eq!(shard.records().count(), 2);
         assert_eq!(shard.get(same, &a).map(|r| &r.id), Some(&a));
         assert_eq!(shard.get(same, &b).map(|r| &r.id), Some(&b));
@@ -448,5 +472,75 @@ mod tests {
         assert_eq!(shard.get(same, &b).map(|r| &r.id), Some(&b));
         shard.remove(same, &b);
         assert!(shard.buckets.is_empty());
+    }
+
+    /// Even when another scope's records sit under the same hash, looking
+    /// a key up by (scope, key) returns only that scope's records.
+    #[test]
+    fn find_by_key_never_returns_a_colliding_scope() {
+        use crate::Store;
+
+        let store = MemoryStore::new();
+        let a = unique_id("collide-key-0001");
+        let b = RecordId::new(
+            Scope::from_raw("another-scope"),
+            a.operation.clone(),
+            a.key.clone(),
+        );
+        let hash = store.hash(&a.scope, &a.key);
+        for id in [&a, &b] {
+            // b forced under a's hash.
+            store.lock(hash.shard()).put(hash, claimed(id, t0()));
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let found = rt
+            .block_on(store.find_by_key(&a.scope, &a.key, t0(), 10))
+            .unwrap();
+        assert_eq!(found.iter().map(|r| &r.id).collect::<Vec<_>>(), vec![&a]);
+        assert_eq!(
+            rt.block_on(store.get(&a, t0())).unwrap().map(|r| r.id),
+            Some(a)
+        );
+    }
+
+    /// Many operations under one key: each is its own record, found without
+    /// a scan, and a purge stops at its limit inside one bucket.
+    #[test]
+    fn many_operations_on_one_key_purge_within_the_limit() {
+        use crate::Store;
+
+        let store = MemoryStore::new();
+        let a = unique_id("many-ops-key-001");
+        let ids: Vec<RecordId> = (0..5)
+            .map(|i| {
+                RecordId::new(
+                    a.scope.clone(),
+                    Operation::new("POST", &format!("/op/{i}")),
+                    a.key.clone(),
+                )
+            })
+            .collect();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        for id in &ids {
+            let mut req = request(id, "{}", t0());
+            req.ttl = Duration::from_secs(60);
+            assert!(matches!(
+                rt.block_on(store.claim(&req)).unwrap(),
+                crate::Claim::Acquired(_)
+            ));
+        }
+        assert_eq!(store.len(), 5);
+        let hash = store.hash(&a.scope, &a.key);
+        assert_eq!(store.lock(hash.shard()).buckets.len(), 1);
+        let later = t0() + Duration::from_secs(61);
+        assert_eq!(rt.block_on(store.purge_expired(later, 2)).unwrap(), 2);
+        assert_eq!(store.len(), 3);
+        assert_eq!(rt.block_on(store.purge_expired(later, 10)).unwrap(), 3);
+        assert!(store.is_empty());
+        assert!(store.lock(hash.shard()).buckets.is_empty());
     }
 }

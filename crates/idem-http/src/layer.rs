@@ -86,6 +86,15 @@ pub const DEFAULT_REPLAY_CACHE: usize = 16 * 1024 * 1024;
 /// protects, not with `Router::layer`: `layer` also wraps the fallback,
 /// so requests to unknown paths would be claimed and their 404s recorded
 /// and replayed (see the crate docs, *With axum*).
+///
+/// # Metrics
+///
+/// The layer records through the `metrics` facade ([`crate::metrics`]). It
+/// takes its handles from the recorder installed when it first records
+/// something (its first keyed request, or [`LayerHandle::report_metrics`])
+/// and keeps them: install the recorder before the layer serves, and do
+/// not let the recorder drop idle series (Prometheus's `idle_timeout`),
+/// since the layer would go on updating the dropped ones.
 #[derive(Clone)]
 pub struct IdempotencyLayer {
     shared: Arc<Shared>,

@@ -88,8 +88,9 @@ pub fn stored_to_response(stored: &StoredResponse) -> Response<Body> {
     response
 }
 
-/// The last instant an HTTP-date can name: 9999-12-31T23:59:59Z.
-const LAST_HTTP_DATE_MS: i64 = 253_402_300_799_000;
+/// The last instant an HTTP-date can name: the end of 9999-12-31T23:59:59Z
+/// (the date names whole seconds, so the whole of that second).
+const LAST_HTTP_DATE_MS: i64 = 253_402_300_799_999;
 
 /// `t` as an HTTP-date (RFC 9110), or `None` past the year 9999, which the
 /// format cannot write (the formatter would panic). Policies bound the ttl

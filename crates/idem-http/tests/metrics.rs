@@ -11,11 +11,14 @@ use support::{key, spawn_app};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outcomes_are_counted_and_keys_never_labelled() {
+    // The layer is built before the recorder is installed, as an
+    // application may build its router first: it takes its metric handles
+    // on first use, from the recorder installed by then.
+    let app = spawn_app(Arc::new(idem_core::MemoryStore::new()), |b| b).await;
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     recorder.install().unwrap();
 
-    let app = spawn_app(Arc::new(idem_core::MemoryStore::new()), |b| b).await;
     let k = key();
     app.post("/orders", &k, r#"{"a":1}"#).send().await.unwrap(); // executed
     app.post("/orders", &k, r#"{"a":1}"#).send().await.unwrap(); // replayed

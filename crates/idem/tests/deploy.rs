@@ -50,7 +50,7 @@ fn registered() -> BTreeSet<&'static str> {
 
 /// Every `outcome` label value of `idem_requests_total`.
 fn outcomes() -> BTreeSet<&'static str> {
-    Outcome::ALL.into_iter().map(Outcome::as_str).collect()
+    Outcome::ALL.iter().map(|o| o.as_str()).collect()
 }
 
 /// The `action` label values of `idem_reconciled_total` (maintenance.rs).
