@@ -322,18 +322,20 @@ impl Store for MemoryStore {
     ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>> {
         Box::pin(async move {
             let hash = self.hash(scope, key);
-            let mut found: Vec<Record> = self
-                .lock(hash.shard())
+            let shard = self.lock(hash.shard());
+            let mut found: Vec<&Record> = shard
                 .bucket(hash, scope, key)
                 .into_iter()
                 .flat_map(|b| b.records.values())
                 .filter(|r| r.is_live(now))
-                .cloned()
                 .collect();
             found.sort_by(|a, b| {
                 (b.created_at, &b.id.operation).cmp(&(a.created_at, &a.id.operation))
             });
+            // Only the records asked for are copied (with their stored
+            // responses): one key used on many paths costs no more.
             found.truncate(limit);
+            let found = found.into_iter().cloned().collect();
             Ok(found)
         })
     }

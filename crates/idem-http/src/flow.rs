@@ -56,7 +56,11 @@ pub(crate) async fn store_call<T>(
     op: StoreOp,
     fut: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
-    tokio::time::timeout(shared.store_timeout, shared.meters.timed(op, fut))
+    // Timed around the deadline, so that a call that ran out of time is in
+    // the histogram too (at the deadline), not left out as if it never was.
+    shared
+        .meters
+        .timed(op, tokio::time::timeout(shared.store_timeout, fut))
         .await
         .unwrap_or_else(|_| Err(crate::maintenance::timed_out(op.as_str())))
 }

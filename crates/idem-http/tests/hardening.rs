@@ -10,11 +10,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem_core::{
-    BoxFuture, Claim, ClaimRequest, Completion, Concurrency, Fence, FieldSelection, Fingerprint,
-    Key, MemoryStore, Operation, Policy, Record, RecordId, Scope, Settled, StaleCursor, Store,
-    StoreError, Timestamp,
+    Claim, ClaimRequest, Concurrency, FieldSelection, Fingerprint, Key, MemoryStore, Operation,
+    Policy, RecordId, Scope, Store,
 };
-use support::{key, spawn_app};
+use support::{StalledStore, key, spawn_app};
 
 /// Wait mode: every keyed request subscribes to its record's notifier;
 /// none of those entries may outlive the request (item 6).
@@ -47,59 +46,6 @@ async fn wait_mode_leaves_no_waiter_entries_behind() {
     }
     assert_eq!(app.executions(), 300);
     assert_eq!(app.handle.waiting(), 0, "no entry outlives its request");
-}
-
-/// A store whose claims never answer.
-struct StalledStore;
-
-impl Store for StalledStore {
-    fn claim<'a>(&'a self, _: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>> {
-        Box::pin(std::future::pending())
-    }
-    fn complete<'a>(
-        &'a self,
-        _: &'a RecordId,
-        _: Fence,
-        _: Completion,
-        _: Timestamp,
-    ) -> BoxFuture<'a, Result<Settled, StoreError>> {
-        Box::pin(std::future::pending())
-    }
-    fn release<'a>(
-        &'a self,
-        _: &'a RecordId,
-        _: Fence,
-        _: Timestamp,
-    ) -> BoxFuture<'a, Result<Settled, StoreError>> {
-        Box::pin(std::future::pending())
-    }
-    fn get<'a>(
-        &'a self,
-        _: &'a RecordId,
-        _: Timestamp,
-    ) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
-        Box::pin(std::future::pending())
-    }
-    fn purge_expired(&self, _: Timestamp, _: usize) -> BoxFuture<'_, Result<usize, StoreError>> {
-        Box::pin(std::future::pending())
-    }
-    fn list_stale<'a>(
-        &'a self,
-        _: Timestamp,
-        _: Option<&'a StaleCursor>,
-        _: usize,
-    ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>> {
-        Box::pin(std::future::pending())
-    }
-    fn find_by_key<'a>(
-        &'a self,
-        _: &'a Scope,
-        _: &'a Key,
-        _: Timestamp,
-        _: usize,
-    ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>> {
-        Box::pin(std::future::pending())
-    }
 }
 
 /// A stalled store fails closed with 503 once the store deadline passes,

@@ -27,9 +27,17 @@ async fn outcomes_are_counted_and_keys_never_labelled() {
     app.client.post(app.url("/orders")).send().await.unwrap(); // missing_key
     app.post("/orders", "short", "{}").send().await.unwrap(); // invalid_key
     app.post("/status/503", &key(), "{}").send().await.unwrap(); // released
+    // A claim that runs out of time is timed too, at its deadline.
+    let stalled = spawn_app(Arc::new(support::StalledStore), |b| {
+        b.store_timeout(std::time::Duration::from_millis(150))
+    })
+    .await;
+    let r = stalled.post("/orders", &key(), "{}").send().await.unwrap();
+    assert_eq!(r.status(), 503); // store_unavailable
 
     let mut outcomes = std::collections::HashMap::new();
     let mut saw_store_histogram = false;
+    let mut slowest_claim = 0.0_f64;
     for (ck, _unit, _desc, value) in snapshotter.snapshot().into_vec() {
         let key = ck.key();
         for label in key.labels() {
@@ -46,7 +54,16 @@ async fn outcomes_are_counted_and_keys_never_labelled() {
                 outcomes.insert(outcome, n);
             }
             (idem_http::metrics::STORE_DURATION, DebugValue::Histogram(v)) => {
-                saw_store_histogram |= !v.is_empty()
+                saw_store_histogram |= !v.is_empty();
+                if key
+                    .labels()
+                    .any(|l| l.key() == "op" && l.value() == "claim")
+                {
+                    slowest_claim = v
+                        .iter()
+                        .map(|s| s.into_inner())
+                        .fold(slowest_claim, f64::max);
+                }
             }
             _ => {}
         }
@@ -58,5 +75,10 @@ async fn outcomes_are_counted_and_keys_never_labelled() {
     assert_eq!(get("missing_key"), 1);
     assert_eq!(get("invalid_key"), 1);
     assert_eq!(get("released"), 1);
+    assert_eq!(get("store_unavailable"), 1);
     assert!(saw_store_histogram);
+    assert!(
+        slowest_claim >= 0.15,
+        "the timed-out claim is missing from the histogram: slowest {slowest_claim}"
+    );
 }

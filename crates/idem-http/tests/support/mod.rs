@@ -11,8 +11,8 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use idem_core::{
-    BoxFuture, Claim, ClaimRequest, Completion, Fence, MemoryStore, Record, RecordId, Settled,
-    Store, StoreError, StoreErrorKind, Timestamp,
+    BoxFuture, Claim, ClaimRequest, Completion, Fence, Key, MemoryStore, Record, RecordId, Scope,
+    Settled, StaleCursor, Store, StoreError, StoreErrorKind, Timestamp,
 };
 use idem_http::{IdempotencyLayer, IdempotencyLayerBuilder, LayerHandle};
 use idem_testkit::{CleanupOnDrop, Guarded};
@@ -355,4 +355,57 @@ pub async fn redis() -> Option<Arc<dyn Store>> {
             let _ = cleaner.delete_all().await;
         }),
     )))
+}
+
+/// A store whose claims never answer.
+pub struct StalledStore;
+
+impl Store for StalledStore {
+    fn claim<'a>(&'a self, _: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>> {
+        Box::pin(std::future::pending())
+    }
+    fn complete<'a>(
+        &'a self,
+        _: &'a RecordId,
+        _: Fence,
+        _: Completion,
+        _: Timestamp,
+    ) -> BoxFuture<'a, Result<Settled, StoreError>> {
+        Box::pin(std::future::pending())
+    }
+    fn release<'a>(
+        &'a self,
+        _: &'a RecordId,
+        _: Fence,
+        _: Timestamp,
+    ) -> BoxFuture<'a, Result<Settled, StoreError>> {
+        Box::pin(std::future::pending())
+    }
+    fn get<'a>(
+        &'a self,
+        _: &'a RecordId,
+        _: Timestamp,
+    ) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
+        Box::pin(std::future::pending())
+    }
+    fn purge_expired(&self, _: Timestamp, _: usize) -> BoxFuture<'_, Result<usize, StoreError>> {
+        Box::pin(std::future::pending())
+    }
+    fn list_stale<'a>(
+        &'a self,
+        _: Timestamp,
+        _: Option<&'a StaleCursor>,
+        _: usize,
+    ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>> {
+        Box::pin(std::future::pending())
+    }
+    fn find_by_key<'a>(
+        &'a self,
+        _: &'a Scope,
+        _: &'a Key,
+        _: Timestamp,
+        _: usize,
+    ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>> {
+        Box::pin(std::future::pending())
+    }
 }
