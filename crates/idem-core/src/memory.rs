@@ -57,15 +57,17 @@ impl KeyHash {
 #[derive(Debug)]
 struct Bucket {
     hash: KeyHash,
-    scope: Scope,
-    key: Key,
-    /// Never empty: a bucket whose last record goes is removed.
+    /// Never empty: a bucket whose last record goes is removed. Its records'
+    /// ids name the bucket's (scope, key).
     records: HashMap<Operation, Record>,
 }
 
 impl Bucket {
     fn holds(&self, scope: &Scope, key: &Key) -> bool {
-        self.scope == *scope && self.key == *key
+        self.records
+            .values()
+            .next()
+            .is_some_and(|r| r.id.scope == *scope && r.id.key == *key)
     }
 }
 
@@ -109,8 +111,6 @@ impl Shard {
             None => {
                 let bucket = Bucket {
                     hash,
-                    scope: id.scope.clone(),
-                    key: id.key.clone(),
                     records: HashMap::from([(id.operation.clone(), record)]),
                 };
                 self.buckets.insert_unique(hash.0, bucket, |b| b.hash.0);
