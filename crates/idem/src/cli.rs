@@ -218,6 +218,10 @@ pub(crate) struct ServeArgs {
     /// [default: 1024].
     #[arg(long, env = "IDEM_MAX_CONNECTIONS")]
     pub(crate) max_connections: Option<usize>,
+    /// Threads that serve client connections, each with its own event
+    /// loop and upstream connection pool [default: one per CPU].
+    #[arg(long, env = "IDEM_THREADS")]
+    pub(crate) threads: Option<usize>,
     /// Deadline of each store call; past it the request gets 503
     /// [default: 2s]. --upstream-timeout plus this must stay below every
     /// lease.

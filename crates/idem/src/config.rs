@@ -55,6 +55,7 @@ pub(crate) struct FileConfig {
     header_timeout: Option<String>,
     body_timeout: Option<String>,
     max_connections: Option<usize>,
+    threads: Option<usize>,
     store_timeout: Option<String>,
     upstream_timeout: Option<String>,
     shutdown_grace: Option<String>,
@@ -144,6 +145,7 @@ pub(crate) struct GatewayConfig {
     pub(crate) header_timeout: Duration,
     pub(crate) body_timeout: Duration,
     pub(crate) max_connections: usize,
+    pub(crate) threads: usize,
     pub(crate) store_timeout: Duration,
     pub(crate) upstream_timeout: Duration,
     pub(crate) shutdown_grace: Duration,
@@ -694,6 +696,13 @@ impl GatewayConfig {
             1,
             1_000_000,
         ));
+        let threads = p.check(bounded_count(
+            args.threads.or(file.threads),
+            "threads",
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+            1,
+            1024,
+        ));
         let min_key_len = p.check(bounded_count(
             args.min_key_len.or(file.min_key_len),
             "min-key-len",
@@ -804,6 +813,7 @@ impl GatewayConfig {
             header_timeout: header_timeout?,
             body_timeout: body_timeout?,
             max_connections: max_connections?,
+            threads: threads?,
             store_timeout: store_timeout?,
             upstream_timeout: upstream_timeout?,
             shutdown_grace: shutdown_grace?,

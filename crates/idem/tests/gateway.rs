@@ -7,7 +7,7 @@ mod support;
 use std::time::Duration;
 
 use reqwest::StatusCode;
-use support::{executions, gateway, idem, upstream};
+use support::{executions, exit_code, gateway, idem, upstream};
 
 /// The child half: serves the counting upstream until killed.
 #[test]
@@ -403,32 +403,122 @@ async fn a_client_that_times_out_retries_into_409_then_the_stored_answer() {
     assert_eq!(executions(&up, &k).await, 1);
 }
 
+/// Every serving thread's connections are drained at SIGTERM, and the
+/// executions they run finish before the threads end: eight requests on
+/// eight connections over four threads, all in flight when the signal
+/// comes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_drains_in_flight_requests_and_exits_zero() {
+async fn sigterm_drains_in_flight_requests_on_every_thread_and_exits_zero() {
     let (_up, up) = upstream();
-    let mut g = gateway(&up, "memory:", &["--shutdown-grace", "20s"]).await;
-    let k = key("drain");
-    let c = reqwest::Client::new();
-    let running = tokio::spawn(
-        c.post(format!("{}/slow", g.base))
-            .header("idempotency-key", &k)
-            .body("{}")
-            .send(),
-    );
-    while executions(&up, &k).await == 0 {
-        tokio::task::yield_now().await;
+    let g = gateway(
+        &up,
+        "memory:",
+        &["--shutdown-grace", "20s", "--threads", "4"],
+    )
+    .await;
+    let serving = std::fs::read_dir(format!("/proc/{}/task", g.proc.child.id()))
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.unwrap().path().join("comm")).ok())
+        .filter(|name| name.starts_with("idem-serve-"))
+        .count();
+    assert_eq!(serving, 4, "one thread per --threads");
+    let keys: Vec<String> = (0..8).map(|i| key(&format!("drain-{i}"))).collect();
+    let running: Vec<_> = keys
+        .iter()
+        .map(|k| {
+            // A client each: a connection each.
+            tokio::spawn(
+                reqwest::Client::new()
+                    .post(format!("{}/slow", g.base))
+                    .header("idempotency-key", k)
+                    .body("{}")
+                    .send(),
+            )
+        })
+        .collect();
+    for k in &keys {
+        while executions(&up, k).await == 0 {
+            tokio::task::yield_now().await;
+        }
     }
     g.proc.terminate();
-    reqwest::get(format!("{up}/release")).await.unwrap();
-    assert_eq!(
-        running.await.unwrap().unwrap().status(),
-        201,
-        "the in-flight request finished"
-    );
-    let status = tokio::task::spawn_blocking(move || g.proc.child.wait().unwrap())
+    for _ in &keys {
+        reqwest::get(format!("{up}/release")).await.unwrap();
+    }
+    for r in running {
+        assert_eq!(
+            r.await.unwrap().unwrap().status(),
+            201,
+            "the in-flight request finished"
+        );
+    }
+    assert_eq!(exit_code(g).await, Some(0));
+}
+
+/// A keyed request whose body was still being read at SIGTERM starts its
+/// execution after the layer's first wait for executions began; its
+/// client then hangs up while the upstream works, so its connection is
+/// closed and its thread drained. The gateway still waits for that execution before its threads
+/// end (they run it): the record is completed, and a retry on the next
+/// gateway replays it instead of meeting a claim left in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_execution_that_starts_during_shutdown_is_finished() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (_up, up) = upstream();
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite:{}", dir.path().join("late.db").display());
+    let g = gateway(&up, &store, &["--shutdown-grace", "20s"]).await;
+    let k = key("late");
+    let mut conn = tokio::net::TcpStream::connect(support::addr(&g.base))
         .await
         .unwrap();
-    assert_eq!(status.code(), Some(0));
+    let head = format!(
+        "POST /slow HTTP/1.1\r\nhost: x\r\nidempotency-key: {k}\r\ncontent-length: 2\r\nexpect: 100-continue\r\n\r\n"
+    );
+    conn.write_all(head.as_bytes()).await.unwrap();
+    // 100 Continue: the layer is reading the body.
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("100 Continue") {
+        let mut buf = [0u8; 256];
+        let n = conn.read(&mut buf).await.unwrap();
+        assert!(n > 0, "closed before 100 Continue");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    g.proc.terminate();
+    // The listener closes once every thread has stopped accepting.
+    while tokio::net::TcpStream::connect(support::addr(&g.base))
+        .await
+        .is_ok()
+    {
+        tokio::task::yield_now().await;
+    }
+    // The body: the claim, then the execution.
+    conn.write_all(b"{}").await.unwrap();
+    let began = tokio::time::Instant::now();
+    while executions(&up, &k).await == 0 {
+        assert!(
+            began.elapsed() < Duration::from_secs(15),
+            "the late execution never reached the upstream"
+        );
+        tokio::task::yield_now().await;
+    }
+    // The client is gone: its connection closes, its thread is drained.
+    drop(conn);
+    reqwest::get(format!("{up}/release")).await.unwrap();
+    assert_eq!(exit_code(g).await, Some(0));
+
+    let g = gateway(&up, &store, &[]).await;
+    let retry = reqwest::Client::new()
+        .post(format!("{}/slow", g.base))
+        .header("idempotency-key", &k)
+        .timeout(Duration::from_secs(10))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(retry.status(), 201, "completed before the gateway exited");
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(executions(&up, &k).await, 1);
 }
 
 #[test]

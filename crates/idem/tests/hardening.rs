@@ -462,6 +462,8 @@ fn out_of_range_settings_are_refused() {
         (&["--max-response", "300MiB"][..], "max-response"),
         (&["--header-timeout", "0s"][..], "header-timeout"),
         (&["--max-connections", "0"][..], "max-connections"),
+        (&["--threads", "0"][..], "threads"),
+        (&["--threads", "5000"][..], "threads"),
         (&["--store-timeout", "1h"][..], "store-timeout"),
         (&["--sweep-interval", "1ms"][..], "sweep-interval"),
     ] {
@@ -562,7 +564,7 @@ async fn shutdown_mid_request_holds_the_key() {
     let (_up, up) = upstream();
     let dir = tempfile::tempdir().unwrap();
     let store = format!("sqlite:{}", dir.path().join("held.db").display());
-    let mut g = gateway(&up, &store, &["--shutdown-grace", "0s"]).await;
+    let g = gateway(&up, &store, &["--shutdown-grace", "0s"]).await;
     let k = key("shutdown");
     let c = reqwest::Client::new();
     let running = tokio::spawn(
@@ -575,10 +577,7 @@ async fn shutdown_mid_request_holds_the_key() {
         tokio::task::yield_now().await;
     }
     g.proc.terminate();
-    let status = tokio::task::spawn_blocking(move || g.proc.child.wait().unwrap())
-        .await
-        .unwrap();
-    assert_eq!(status.code(), Some(0));
+    assert_eq!(support::exit_code(g).await, Some(0));
     // The client got 503 (shutting down) or lost its connection.
     if let Ok(r) = running.await.unwrap() {
         assert_eq!(r.status(), 503);

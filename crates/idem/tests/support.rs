@@ -124,6 +124,14 @@ pub async fn gateway(upstream: &str, store: &str, extra: &[&str]) -> Gateway {
     g
 }
 
+/// Waits for a gateway to exit (after [`Proc::terminate`], say); its exit
+/// code.
+pub async fn exit_code(mut g: Gateway) -> Option<i32> {
+    tokio::task::spawn_blocking(move || g.proc.child.wait().unwrap().code())
+        .await
+        .unwrap()
+}
+
 /// `host:port` of a base URL.
 pub fn addr(base: &str) -> String {
     base.trim_start_matches("http://").to_owned()

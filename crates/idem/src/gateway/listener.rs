@@ -127,21 +127,149 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for StallGuard<T> {
     }
 }
 
-/// Serves `app` on `listener` until `shutdown`, then stops accepting and
-/// gives open connections `grace` to finish their requests. With `tls`,
-/// every connection is a TLS one; its handshake must finish within the
-/// header timeout, and holds a connection slot while it runs.
-pub(crate) async fn serve(
+/// The threads serving client connections, started by [`serve`].
+pub(crate) struct Serving {
+    threads: Vec<std::thread::JoinHandle<()>>,
+    drained: Vec<tokio::sync::oneshot::Receiver<()>>,
+    /// The gateway's shutdown, cancelled when a thread is lost.
+    shutdown: CancellationToken,
+    /// Stops the threads' accept loops: `shutdown`'s child, also cancelled
+    /// when this is dropped (a start-up that failed part-way).
+    stop: CancellationToken,
+    /// Lets the threads end their runtimes.
+    release: CancellationToken,
+    /// Set when a thread ended without draining (a panic).
+    lost: bool,
+}
+
+impl Serving {
+    /// Resolves once every thread has stopped accepting and its
+    /// connections are closed (or given up on after the grace). A thread
+    /// that ends without saying so stops the others too: the process then
+    /// exits as for a signal, and [`Serving::finish`] reports it.
+    pub(crate) async fn drained(&mut self) {
+        let waits = std::mem::take(&mut self.drained);
+        for done in waits {
+            if done.await.is_err() {
+                tracing::error!("a serving thread stopped unexpectedly; stopping the gateway");
+                self.lost = true;
+                self.shutdown.cancel();
+            }
+        }
+    }
+
+    /// Lets the threads end their runtimes, which drops whatever still runs
+    /// on them: call it once the layer's executions are over. Waits for the
+    /// threads (each ends its runtime within a second).
+    pub(crate) async fn finish(mut self) -> std::io::Result<()> {
+        self.release.cancel();
+        let threads = std::mem::take(&mut self.threads);
+        let joined =
+            tokio::task::spawn_blocking(move || threads.into_iter().all(|t| t.join().is_ok()));
+        let all_ok = matches!(
+            tokio::time::timeout(Duration::from_secs(3), joined).await,
+            Ok(Ok(true))
+        );
+        if self.lost || !all_ok {
+            return Err(io::Error::other("a serving thread stopped unexpectedly"));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        self.release.cancel();
+    }
+}
+
+/// Serves `fronts.len()` threads' worth of connections on `listener` until
+/// `shutdown`, then stops accepting and gives open connections `grace` to
+/// finish their requests. Each thread runs its own single-threaded event
+/// loop with its own front service (and so its own upstream connection
+/// pool): a request, its execution and its upstream exchange hand work to
+/// each other on one thread, without waking another (BENCHMARKS.md). The
+/// threads accept from one listening socket, so an idle thread takes the
+/// next connection; a connection stays on the thread that accepted it.
+/// With `tls`, every connection is a TLS one; its handshake must finish
+/// within the header timeout, and holds a connection slot while it runs.
+///
+/// Every thread's runtime and listener is made before any thread starts,
+/// so a failure to make one is a start-up error with nothing running.
+pub(crate) fn serve(
+    listener: TcpListener,
+    fronts: Vec<Front>,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    limits: ConnectionLimits,
+    shutdown: &CancellationToken,
+    grace: Duration,
+) -> io::Result<Serving> {
+    let listener = listener.into_std()?;
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let acceptor = tls.map(TlsAcceptor::from);
+    // The blocking pool (SQLite's reads) stays as large in all as one
+    // multi-threaded runtime's.
+    let blocking = (512 / fronts.len().max(1)).max(1);
+    let mut prepared = Vec::with_capacity(fronts.len());
+    for front in fronts {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .max_blocking_threads(blocking)
+            .build()?;
+        let listener = {
+            let _entered = runtime.enter();
+            TcpListener::from_std(listener.try_clone()?)?
+        };
+        prepared.push((runtime, listener, front));
+    }
+    let mut serving = Serving {
+        threads: Vec::with_capacity(prepared.len()),
+        drained: Vec::with_capacity(prepared.len()),
+        shutdown: shutdown.clone(),
+        stop: shutdown.child_token(),
+        release: CancellationToken::new(),
+        lost: false,
+    };
+    for (i, (runtime, listener, front)) in prepared.into_iter().enumerate() {
+        let (done, drained) = tokio::sync::oneshot::channel();
+        let (slots, acceptor, stop, release) = (
+            slots.clone(),
+            acceptor.clone(),
+            serving.stop.clone(),
+            serving.release.clone(),
+        );
+        // On an error here, dropping `serving` stops the threads started.
+        let thread = std::thread::Builder::new()
+            .name(format!("idem-serve-{i}"))
+            .spawn(move || {
+                runtime.block_on(async move {
+                    accept(listener, front, acceptor, slots, limits, stop, grace).await;
+                    let _ = done.send(());
+                    // Executions spawned on this thread run until the
+                    // layer's shutdown is over.
+                    release.cancelled().await;
+                });
+                runtime.shutdown_timeout(Duration::from_secs(1));
+            })?;
+        serving.threads.push(thread);
+        serving.drained.push(drained);
+    }
+    Ok(serving)
+}
+
+/// One thread's accept loop and its connections, until `shutdown` and the
+/// grace after it.
+async fn accept(
     listener: TcpListener,
     app: Front,
-    tls: Option<Arc<rustls::ServerConfig>>,
+    acceptor: Option<TlsAcceptor>,
+    slots: Arc<Semaphore>,
     limits: ConnectionLimits,
     shutdown: CancellationToken,
     grace: Duration,
 ) {
-    let slots = Arc::new(Semaphore::new(limits.max_connections));
     let graceful = GracefulShutdown::new();
-    let acceptor = tls.map(TlsAcceptor::from);
     loop {
         let permit = tokio::select! {
             p = slots.clone().acquire_owned() => match p {

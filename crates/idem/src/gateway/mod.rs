@@ -59,20 +59,26 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
     }
     let layer = builder.build();
     let handle = layer.handle();
-    let proxied = layer.layer(proxy::Proxy::new(
-        cfg.upstream.clone(),
-        cfg.upstream_tls.clone(),
-        cfg.tls.is_some(),
-        cfg.upstream_timeout,
-        cfg.trust_forwarded,
-        &cfg.key_header,
-        &cfg.scope_headers,
-    ));
-
-    let app = routes::Front::new(
-        proxied,
-        layer.read_path().anonymous_reads(cfg.anonymous_reads),
-    );
+    // One front service per serving thread, each with its own upstream
+    // connection pool: a pooled connection's task runs on the thread that
+    // opened it, so sharing one pool would wake the other thread.
+    let fronts = (0..cfg.threads)
+        .map(|_| {
+            let proxied = layer.layer(proxy::Proxy::new(
+                cfg.upstream.clone(),
+                cfg.upstream_tls.clone(),
+                cfg.tls.is_some(),
+                cfg.upstream_timeout,
+                cfg.trust_forwarded,
+                &cfg.key_header,
+                &cfg.scope_headers,
+            ));
+            routes::Front::new(
+                proxied,
+                layer.read_path().anonymous_reads(cfg.anonymous_reads),
+            )
+        })
+        .collect();
 
     let shutdown = tokio_util::sync::CancellationToken::new();
     tokio::spawn(signals(shutdown.clone()));
@@ -105,36 +111,36 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
 
     log_settings(&cfg);
     let grace = cfg.shutdown_grace;
-    let server = listener::serve(
+    let mut serving = listener::serve(
         listener,
-        app,
+        fronts,
         cfg.tls.as_ref().map(|t| t.config.clone()),
         listener::ConnectionLimits {
             max_connections: cfg.max_connections,
             header_timeout: cfg.header_timeout,
             stall_timeout: cfg.body_timeout,
         },
-        shutdown.clone(),
+        &shutdown,
         grace,
-    );
-    let drained = async {
+    )
+    .context("cannot start the serving threads")?;
+    // The threads stop accepting at the signal and close their connections
+    // once their answers are sent, within the grace (and a second); the
+    // layer meanwhile gives running executions the grace, then cancels them
+    // (their keys released or held).
+    let draining = async {
         shutdown.cancelled().await;
-        // Running executions get the grace period; then they are cancelled
-        // and their keys released.
+        let since = tokio::time::Instant::now();
         handle.shutdown(grace).await;
+        since
     };
-    let (served, ()) = tokio::join!(
-        async {
-            // Connections still open after the grace (idle keep-alive ones,
-            // or clients that never read) do not hold the process.
-            tokio::select! {
-                () = server => Ok::<(), anyhow::Error>(()),
-                () = async { shutdown.cancelled().await; tokio::time::sleep(grace + Duration::from_secs(1)).await } => Ok(()),
-            }
-        },
-        drained
-    );
-    served?;
+    let ((), since) = tokio::join!(serving.drained(), draining);
+    // A request that was still being read when the layer's wait began may
+    // have started its execution since (its client gone, say); with every
+    // connection closed no more can start. They get what is left of the
+    // grace: the threads' runtimes, which run them, end after this.
+    handle.shutdown(grace.saturating_sub(since.elapsed())).await;
+    serving.finish().await.context("serving")?;
     tracing::info!("stopped");
     Ok(())
 }
@@ -175,6 +181,7 @@ fn log_settings(cfg: &GatewayConfig) {
         max_response = cfg.max_response,
         replay_cache = cfg.replay_cache,
         max_connections = cfg.max_connections,
+        threads = cfg.threads,
         key_header = %cfg.key_header,
         min_key_len = cfg.key_policy.minimum_len(),
         scope = %scope,

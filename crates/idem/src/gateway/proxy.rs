@@ -86,6 +86,9 @@ impl Proxy {
         };
         Proxy(Arc::new(Forwarder {
             client: Client::builder(TokioExecutor::new())
+                // Without a timer the idle timeout is never checked, and a
+                // quiet thread's idle connections would stay open.
+                .pool_timer(hyper_util::rt::TokioTimer::new())
                 .pool_idle_timeout(Duration::from_secs(60))
                 .build(connector),
             upstream,
