@@ -355,6 +355,12 @@ impl LayerHandle {
         }
     }
 
+    /// How many executions are running (or were started and not yet
+    /// ended) in this process.
+    pub fn executions(&self) -> usize {
+        self.shared.tracker.len()
+    }
+
     /// Refreshes the in-progress gauges (the oldest age grows without any
     /// event); call it on a timer.
     pub fn report_metrics(&self) {

@@ -277,6 +277,10 @@ fn bounded_size(v: Option<&String>, name: &str, default: usize) -> anyhow::Resul
 }
 
 /// A count setting: defaulted, within `min..=max`.
+/// The most serving threads: each new connection wakes every thread's
+/// event loop (they share the listening socket).
+const MAX_THREADS: usize = 256;
+
 fn bounded_count(
     v: Option<usize>,
     name: &str,
@@ -699,9 +703,9 @@ impl GatewayConfig {
         let threads = p.check(bounded_count(
             args.threads.or(file.threads),
             "threads",
-            std::thread::available_parallelism().map_or(1, |n| n.get()),
+            std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_THREADS)),
             1,
-            1024,
+            MAX_THREADS,
         ));
         let min_key_len = p.check(bounded_count(
             args.min_key_len.or(file.min_key_len),

@@ -442,6 +442,8 @@ async fn sigterm_drains_in_flight_requests_on_every_thread_and_exits_zero() {
         }
     }
     g.proc.terminate();
+    // The signal has arrived once no thread accepts any more.
+    listener_closes(&g.base).await;
     for _ in &keys {
         reqwest::get(format!("{up}/release")).await.unwrap();
     }
@@ -467,7 +469,14 @@ async fn an_execution_that_starts_during_shutdown_is_finished() {
     let (_up, up) = upstream();
     let dir = tempfile::tempdir().unwrap();
     let store = format!("sqlite:{}", dir.path().join("late.db").display());
-    let g = gateway(&up, &store, &["--shutdown-grace", "20s"]).await;
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let g = support::gateway_logging_to(
+        &up,
+        &store,
+        &["--shutdown-grace", "20s"],
+        log.reopen().unwrap().into(),
+    )
+    .await;
     let k = key("late");
     let mut conn = tokio::net::TcpStream::connect(support::addr(&g.base))
         .await
@@ -480,18 +489,15 @@ async fn an_execution_that_starts_during_shutdown_is_finished() {
     let mut seen = Vec::new();
     while !String::from_utf8_lossy(&seen).contains("100 Continue") {
         let mut buf = [0u8; 256];
-        let n = conn.read(&mut buf).await.unwrap();
+        let n = tokio::time::timeout(Duration::from_secs(10), conn.read(&mut buf))
+            .await
+            .expect("100 Continue within 10 s")
+            .unwrap();
         assert!(n > 0, "closed before 100 Continue");
         seen.extend_from_slice(&buf[..n]);
     }
     g.proc.terminate();
-    // The listener closes once every thread has stopped accepting.
-    while tokio::net::TcpStream::connect(support::addr(&g.base))
-        .await
-        .is_ok()
-    {
-        tokio::task::yield_now().await;
-    }
+    listener_closes(&g.base).await;
     // The body: the claim, then the execution.
     conn.write_all(b"{}").await.unwrap();
     let began = tokio::time::Instant::now();
@@ -504,6 +510,19 @@ async fn an_execution_that_starts_during_shutdown_is_finished() {
     }
     // The client is gone: its connection closes, its thread is drained.
     drop(conn);
+    // The gateway is now waiting for that execution (without the wait it
+    // would end the thread's runtime, and the execution with it).
+    let began = tokio::time::Instant::now();
+    while !std::fs::read_to_string(log.path())
+        .unwrap()
+        .contains("waiting for executions that started while connections drained")
+    {
+        assert!(
+            began.elapsed() < Duration::from_secs(15),
+            "the gateway did not wait for the late execution"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     reqwest::get(format!("{up}/release")).await.unwrap();
     assert_eq!(exit_code(g).await, Some(0));
 
@@ -519,6 +538,22 @@ async fn an_execution_that_starts_during_shutdown_is_finished() {
     assert_eq!(retry.status(), 201, "completed before the gateway exited");
     assert_eq!(retry.headers()["idempotent-replayed"], "true");
     assert_eq!(executions(&up, &k).await, 1);
+}
+
+/// Waits (at most 15 s) until the gateway at `base` refuses connections:
+/// every serving thread has stopped accepting.
+async fn listener_closes(base: &str) {
+    let began = tokio::time::Instant::now();
+    while tokio::net::TcpStream::connect(support::addr(base))
+        .await
+        .is_ok()
+    {
+        assert!(
+            began.elapsed() < Duration::from_secs(15),
+            "the listener stayed open"
+        );
+        tokio::task::yield_now().await;
+    }
 }
 
 #[test]

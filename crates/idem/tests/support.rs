@@ -100,6 +100,16 @@ pub struct Gateway {
 
 /// Starts `idem serve` with `args` on free ports and waits for /healthz.
 pub async fn gateway(upstream: &str, store: &str, extra: &[&str]) -> Gateway {
+    gateway_logging_to(upstream, store, extra, Stdio::inherit()).await
+}
+
+/// [`gateway`], its stderr (the log) going to `stderr`.
+pub async fn gateway_logging_to(
+    upstream: &str,
+    store: &str,
+    extra: &[&str],
+    stderr: Stdio,
+) -> Gateway {
     let (port, admin) = two_free_ports();
     let child = Command::new(env!("CARGO_BIN_EXE_idem"))
         .args(["serve", "--upstream", upstream, "--store", store])
@@ -112,7 +122,7 @@ pub async fn gateway(upstream: &str, store: &str, extra: &[&str]) -> Gateway {
         .args(extra)
         .env_remove("IDEM_CONFIG")
         .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
+        .stderr(stderr)
         .spawn()
         .unwrap();
     let g = Gateway {

@@ -14,6 +14,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
@@ -23,6 +25,7 @@ use tokio::sync::Semaphore;
 use tokio::time::Sleep;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::routes::{Front, Gateway};
 
@@ -148,9 +151,10 @@ impl Serving {
     /// that ends without saying so stops the others too: the process then
     /// exits as for a signal, and [`Serving::finish`] reports it.
     pub(crate) async fn drained(&mut self) {
-        let waits = std::mem::take(&mut self.drained);
-        for done in waits {
-            if done.await.is_err() {
+        let mut waits: FuturesUnordered<_> =
+            std::mem::take(&mut self.drained).into_iter().collect();
+        while let Some(done) = waits.next().await {
+            if done.is_err() {
                 tracing::error!("a serving thread stopped unexpectedly; stopping the gateway");
                 self.lost = true;
                 self.shutdown.cancel();
@@ -270,6 +274,11 @@ async fn accept(
     grace: Duration,
 ) {
     let graceful = GracefulShutdown::new();
+    // Every connection's task, so that those still open when the grace
+    // runs out are ended here, before the thread says it is drained: after
+    // that, no request of this thread can start an execution.
+    let connections = TaskTracker::new();
+    let cut_off = CancellationToken::new();
     loop {
         let permit = tokio::select! {
             p = slots.clone().acquire_owned() => match p {
@@ -298,7 +307,8 @@ async fn accept(
         // The stall guard is on the socket, under TLS, so it also bounds the
         // handshake's and the close_notify's writes.
         let io = StallGuard::new(stream, limits.stall_timeout);
-        tokio::spawn(async move {
+        let cut_off = cut_off.clone();
+        let serve = async move {
             match acceptor {
                 None => serve_connection(io, app, limits, watcher).await,
                 Some(acceptor) => {
@@ -319,13 +329,23 @@ async fn accept(
                     }
                 }
             }
+        };
+        connections.spawn(async move {
+            tokio::select! {
+                () = serve => {}
+                () = cut_off.cancelled() => {}
+            }
             drop(permit);
         });
     }
     drop(listener);
     // Idle connections close at once; busy ones after their response, or
-    // when the grace runs out.
+    // when the grace runs out: then they are cut off (a request's own
+    // future dropped; an execution it started runs on, in its own task).
     let _ = tokio::time::timeout(grace + Duration::from_secs(1), graceful.shutdown()).await;
+    cut_off.cancel();
+    connections.close();
+    connections.wait().await;
 }
 
 /// Serves one connection (plain or TLS, already stall-guarded) with the

@@ -101,14 +101,6 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
             }
         });
     }
-    let admin = axum::serve(admin_listener, admin::router(store, prometheus))
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned());
-    tokio::spawn(async move {
-        if let Err(e) = admin.await {
-            tracing::error!(error = %e, "admin listener failed");
-        }
-    });
-
     log_settings(&cfg);
     let grace = cfg.shutdown_grace;
     let mut serving = listener::serve(
@@ -124,6 +116,14 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
         grace,
     )
     .context("cannot start the serving threads")?;
+    // After the serving threads: `/healthz` answers once they run.
+    let admin = axum::serve(admin_listener, admin::router(store, prometheus))
+        .with_graceful_shutdown(shutdown.clone().cancelled_owned());
+    tokio::spawn(async move {
+        if let Err(e) = admin.await {
+            tracing::error!(error = %e, "admin listener failed");
+        }
+    });
     // The threads stop accepting at the signal and close their connections
     // once their answers are sent, within the grace (and a second); the
     // layer meanwhile gives running executions the grace, then cancels them
@@ -139,6 +139,13 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
     // have started its execution since (its client gone, say); with every
     // connection closed no more can start. They get what is left of the
     // grace: the threads' runtimes, which run them, end after this.
+    let late = handle.executions();
+    if late > 0 {
+        tracing::info!(
+            executions = late,
+            "waiting for executions that started while connections drained"
+        );
+    }
     handle.shutdown(grace.saturating_sub(since.elapsed())).await;
     serving.finish().await.context("serving")?;
     tracing::info!("stopped");
