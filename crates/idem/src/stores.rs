@@ -125,6 +125,19 @@ impl fmt::Display for StoreUrl {
 }
 
 impl StoreUrl {
+    /// Whether the gateway opens one instance of the store per serving
+    /// thread (`gateway/thread_store.rs`): Redis, whose connection is one
+    /// multiplexed socket driven by a task. Not PostgreSQL or MySQL (a pool
+    /// each would multiply the server's connections by the threads), nor
+    /// the memory store or SQLite (an instance is the data, or its writer).
+    pub(crate) fn connection_per_thread(&self) -> bool {
+        match self {
+            #[cfg(feature = "redis")]
+            StoreUrl::Redis(_) => true,
+            _ => false,
+        }
+    }
+
     /// Whether the store is reached over TLS where the URL asks for it
     /// (and so `--store-ca` applies). The MySQL store has no TLS yet.
     pub(crate) fn speaks_tls(&self) -> bool {

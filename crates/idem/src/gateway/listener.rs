@@ -201,14 +201,22 @@ impl Drop for Serving {
 ///
 /// Every thread's runtime and listener is made before any thread starts,
 /// so a failure to make one is a start-up error with nothing running.
-pub(crate) fn serve(
+/// What a serving thread does before it serves, on its own runtime, given
+/// its index (opening its own store connection, say); an error stops the
+/// start-up.
+pub(crate) type ThreadStart = Arc<
+    dyn Fn(usize) -> futures_util::future::BoxFuture<'static, anyhow::Result<()>> + Send + Sync,
+>;
+
+pub(crate) async fn serve(
     listener: TcpListener,
     fronts: Vec<Front>,
     tls: Option<Arc<rustls::ServerConfig>>,
     limits: ConnectionLimits,
     shutdown: &CancellationToken,
     grace: Duration,
-) -> io::Result<Serving> {
+    start: ThreadStart,
+) -> anyhow::Result<Serving> {
     let listener = listener.into_std()?;
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let acceptor = tls.map(TlsAcceptor::from);
@@ -235,20 +243,34 @@ pub(crate) fn serve(
         release: CancellationToken::new(),
         lost: false,
     };
+    // The threads serve once every one of them has started.
+    let go = CancellationToken::new();
+    let mut started = Vec::with_capacity(prepared.len());
     for (i, (runtime, listener, front)) in prepared.into_iter().enumerate() {
         let (done, drained) = tokio::sync::oneshot::channel();
-        let (slots, acceptor, stop, release) = (
+        let (ready, is_ready) = tokio::sync::oneshot::channel();
+        started.push(is_ready);
+        let (slots, acceptor, stop, release, go, start) = (
             slots.clone(),
             acceptor.clone(),
             serving.stop.clone(),
             serving.release.clone(),
+            go.clone(),
+            start.clone(),
         );
         // On an error here, dropping `serving` stops the threads started.
         let thread = std::thread::Builder::new()
             .name(format!("idem-serve-{i}"))
             .spawn(move || {
                 runtime.block_on(async move {
-                    accept(listener, front, acceptor, slots, limits, stop, grace).await;
+                    let _ = ready.send(start(i).await);
+                    let serve = tokio::select! {
+                        () = go.cancelled() => true,
+                        () = stop.cancelled() => false,
+                    };
+                    if serve {
+                        accept(listener, front, acceptor, slots, limits, stop, grace).await;
+                    }
                     let _ = done.send(());
                     // Executions spawned on this thread run until the
                     // layer's shutdown is over.
@@ -259,6 +281,15 @@ pub(crate) fn serve(
         serving.threads.push(thread);
         serving.drained.push(drained);
     }
+    // On an error, dropping `serving` stops every thread.
+    for (i, is_ready) in started.into_iter().enumerate() {
+        match is_ready.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e.context(format!("serving thread {i}"))),
+            Err(_) => anyhow::bail!("serving thread {i} stopped while starting"),
+        }
+    }
+    go.cancel();
     Ok(serving)
 }
 

@@ -4,6 +4,7 @@ mod admin;
 mod listener;
 mod proxy;
 mod routes;
+mod thread_store;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,7 +42,16 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
         [one] => ScopeSource::Header(one.clone()),
         many => ScopeSource::Headers(many.to_vec()),
     };
-    let mut builder = IdempotencyLayer::builder_shared(store.clone())
+    // Redis: an instance per serving thread, each opened by its thread.
+    let thread_stores = cfg
+        .store
+        .connection_per_thread()
+        .then(|| Arc::new(thread_store::ThreadStores::new(store.clone(), cfg.threads)));
+    let layer_store: Arc<dyn idem_core::Store> = match &thread_stores {
+        Some(per_thread) => per_thread.clone(),
+        None => store.clone(),
+    };
+    let mut builder = IdempotencyLayer::builder_shared(layer_store)
         .default_policy(cfg.default_policy.clone())
         .key_policy(cfg.key_policy.clone())
         .key_header(cfg.key_header.clone())
@@ -114,7 +124,9 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
         },
         &shutdown,
         grace,
+        thread_start(&cfg, thread_stores),
     )
+    .await
     .context("cannot start the serving threads")?;
     // After the serving threads: `/healthz` answers once they run.
     let admin = axum::serve(admin_listener, admin::router(store, prometheus))
@@ -150,6 +162,25 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
     serving.finish().await.context("serving")?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// What each serving thread does first: names itself for the per-thread
+/// stores, and opens its own instance of a store that has them.
+fn thread_start(
+    cfg: &GatewayConfig,
+    stores: Option<Arc<thread_store::ThreadStores>>,
+) -> listener::ThreadStart {
+    let (url, ca) = (cfg.store.clone(), cfg.store_ca.clone());
+    Arc::new(move |index| {
+        thread_store::enter(index);
+        let (url, ca, stores) = (url.clone(), ca.clone(), stores.clone());
+        Box::pin(async move {
+            if let Some(stores) = stores {
+                stores.set(index, url.open(ca.as_ref()).await?);
+            }
+            Ok(())
+        })
+    })
 }
 
 /// The effective settings, once at start-up, without secrets: the store
