@@ -17,8 +17,9 @@ fn upstream_child() {
 /// share `store`: the upstream executes once. Returns the key.
 async fn two_gateways_one_execution(store: &str, tag: &str) -> String {
     let (_up, up) = upstream();
-    let a = gateway(&up, store, &[]).await;
-    let b = gateway(&up, store, &[]).await;
+    // Several serving threads each (with Redis, a connection each).
+    let a = gateway(&up, store, &["--threads", "3"]).await;
+    let b = gateway(&up, store, &["--threads", "2"]).await;
     let key = format!("shared-{tag}-{}-000000", std::process::id());
     let client = reqwest::Client::new();
     let barrier = Arc::new(tokio::sync::Barrier::new(64));

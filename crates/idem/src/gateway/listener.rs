@@ -265,8 +265,9 @@ pub(crate) async fn serve(
                 runtime.block_on(async move {
                     let _ = ready.send(start(i).await);
                     let serve = tokio::select! {
-                        () = go.cancelled() => true,
+                        biased;
                         () = stop.cancelled() => false,
+                        () = go.cancelled() => true,
                     };
                     if serve {
                         accept(listener, front, acceptor, slots, limits, stop, grace).await;
@@ -281,9 +282,15 @@ pub(crate) async fn serve(
         serving.threads.push(thread);
         serving.drained.push(drained);
     }
-    // On an error, dropping `serving` stops every thread.
-    for (i, is_ready) in started.into_iter().enumerate() {
-        match is_ready.await {
+    // The first failure, whichever thread it is; on an error, dropping
+    // `serving` stops every thread.
+    let mut started: FuturesUnordered<_> = started
+        .into_iter()
+        .enumerate()
+        .map(|(i, ready)| async move { (i, ready.await) })
+        .collect();
+    while let Some((i, ready)) = started.next().await {
+        match ready {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return Err(e.context(format!("serving thread {i}"))),
             Err(_) => anyhow::bail!("serving thread {i} stopped while starting"),

@@ -51,13 +51,16 @@ impl ThreadStores {
         }
     }
 
-    /// The calling thread's instance, or the main one.
+    /// The calling thread's instance, or the main one on a thread that
+    /// does not serve. Every serving thread sets its own before it serves
+    /// (the gateway does not start otherwise).
     fn here(&self) -> &dyn Store {
-        SERVING_THREAD
-            .with(Cell::get)
-            .and_then(|i| self.threads.get(i))
-            .and_then(OnceLock::get)
-            .map_or(&*self.main, |s| &**s)
+        let Some(index) = SERVING_THREAD.with(Cell::get) else {
+            return &*self.main;
+        };
+        let own = self.threads.get(index).and_then(OnceLock::get);
+        debug_assert!(own.is_some(), "serving thread {index} has no store");
+        own.map_or(&*self.main, |s| &**s)
     }
 }
 
@@ -124,43 +127,75 @@ impl Store for ThreadStores {
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
+    use std::time::Duration;
 
-    use idem_core::{MemoryStore, Store};
+    use idem_core::{
+        ClaimRequest, FieldSelection, Fingerprint, Key, MemoryStore, Operation, RecordId, Scope,
+        Store, Timestamp,
+    };
 
     use super::{ThreadStores, enter};
 
-    /// Two distinct memory stores stand in for two connections: which one
-    /// a call reaches shows which instance was picked.
-    #[tokio::test]
-    async fn each_serving_thread_uses_its_own_instance_and_others_the_main_one() {
-        let main: Arc<dyn Store> = Arc::new(MemoryStore::new());
-        let mine: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    /// Two memory stores stand in for two connections: where a claim made
+    /// through the per-thread stores lands shows which instance it reached.
+    #[test]
+    fn a_serving_thread_uses_its_own_instance_and_others_the_main_one() {
+        let main = Arc::new(MemoryStore::new());
+        let mine = Arc::new(MemoryStore::new());
         let stores = Arc::new(ThreadStores::new(main.clone(), 2));
         stores.set(1, mine.clone());
-        let probe = |s: Arc<ThreadStores>| async move {
-            s.purge_expired(idem_core::Timestamp::from_millis(0), 10)
-                .await
-                .map(|_| std::ptr::from_ref(s.here()).cast::<()>() as usize)
+        let now = Timestamp::from_millis(1_800_000_000_000);
+        let id = |key: &str| {
+            RecordId::new(
+                Scope::from_raw("thread-store-tests"),
+                Operation::new("POST", "/x"),
+                Key::new(key).unwrap(),
+            )
         };
-        let main_addr = Arc::as_ptr(&main).cast::<()>() as usize;
-        let mine_addr = Arc::as_ptr(&mine).cast::<()>() as usize;
-
-        // Not a serving thread: the main instance.
-        assert_eq!(probe(stores.clone()).await.unwrap(), main_addr);
-        let on = |index: usize| {
+        let claim = |index: Option<usize>, id: RecordId| {
             let stores = stores.clone();
             std::thread::spawn(move || {
-                enter(index);
+                if let Some(index) = index {
+                    enter(index);
+                }
+                let request = ClaimRequest {
+                    fingerprint: Fingerprint::compute(
+                        &id.operation,
+                        None,
+                        b"{}",
+                        &FieldSelection::Whole,
+                    ),
+                    id,
+                    now,
+                    lease: Duration::from_secs(30),
+                    ttl: Duration::from_secs(3600),
+                };
                 let rt = tokio::runtime::Builder::new_current_thread()
                     .build()
                     .unwrap();
-                rt.block_on(probe(stores)).unwrap()
+                rt.block_on(stores.claim(&request)).unwrap();
             })
             .join()
-            .unwrap()
+            .unwrap();
         };
-        assert_eq!(on(1), mine_addr, "thread 1 has its own");
-        assert_eq!(on(0), main_addr, "thread 0 set none: the main one");
-        assert_eq!(on(7), main_addr, "no such thread: the main one");
+        let on = |store: &MemoryStore, id: &RecordId| {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap();
+            rt.block_on(store.get(id, now)).unwrap().is_some()
+        };
+
+        let served = id("claimed-on-serving-thread-1");
+        claim(Some(1), served.clone());
+        assert!(on(&mine, &served), "thread 1 reached its own instance");
+        assert!(!on(&main, &served), "and not the main one");
+
+        let other = id("claimed-on-another-thread");
+        claim(None, other.clone());
+        assert!(
+            on(&main, &other),
+            "a thread that does not serve: the main one"
+        );
+        assert!(!on(&mine, &other));
     }
 }
