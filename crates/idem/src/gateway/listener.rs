@@ -141,22 +141,20 @@ pub(crate) struct Serving {
     stop: CancellationToken,
     /// Lets the threads end their runtimes.
     release: CancellationToken,
-    /// Set when a thread ended without draining (a panic).
-    lost: bool,
 }
 
 impl Serving {
     /// Resolves once every thread has stopped accepting and its
     /// connections are closed (or given up on after the grace). A thread
     /// that ends without saying so stops the others too: the process then
-    /// exits as for a signal, and [`Serving::finish`] reports it.
+    /// exits as for a signal, and [`Serving::finish`] reports it (the
+    /// thread's panic is its join error).
     pub(crate) async fn drained(&mut self) {
         let mut waits: FuturesUnordered<_> =
             std::mem::take(&mut self.drained).into_iter().collect();
         while let Some(done) = waits.next().await {
             if done.is_err() {
                 tracing::error!("a serving thread stopped unexpectedly; stopping the gateway");
-                self.lost = true;
                 self.shutdown.cancel();
             }
         }
@@ -165,7 +163,7 @@ impl Serving {
     /// Lets the threads end their runtimes, which drops whatever still runs
     /// on them: call it once the layer's executions are over. Waits for the
     /// threads (each ends its runtime within a second).
-    pub(crate) async fn finish(mut self) -> std::io::Result<()> {
+    pub(crate) async fn finish(mut self) -> io::Result<()> {
         self.release.cancel();
         let threads = std::mem::take(&mut self.threads);
         let joined =
@@ -174,7 +172,7 @@ impl Serving {
             tokio::time::timeout(Duration::from_secs(3), joined).await,
             Ok(Ok(true))
         );
-        if self.lost || !all_ok {
+        if !all_ok {
             return Err(io::Error::other("a serving thread stopped unexpectedly"));
         }
         Ok(())
@@ -241,7 +239,6 @@ pub(crate) async fn serve(
         shutdown: shutdown.clone(),
         stop: shutdown.child_token(),
         release: CancellationToken::new(),
-        lost: false,
     };
     // The threads serve once every one of them has started.
     let go = CancellationToken::new();
