@@ -59,15 +59,122 @@ struct Bucket {
     hash: KeyHash,
     /// Never empty: a bucket whose last record goes is removed. Its records'
     /// ids name the bucket's (scope, key).
-    records: HashMap<Operation, Record>,
+    records: Records,
 }
 
 impl Bucket {
     fn holds(&self, scope: &Scope, key: &Key) -> bool {
         self.records
-            .values()
-            .next()
+            .first()
             .is_some_and(|r| r.id.scope == *scope && r.id.key == *key)
+    }
+}
+
+/// Up to this many records of one (scope, key) are kept in a list and
+/// found by comparing operations; more go into a map by operation.
+const FEW: usize = 8;
+
+/// The records of one bucket, by operation. Nearly every key is used with
+/// one operation, so a bucket starts as a list that holds exactly its
+/// records: a map would allocate room for four and hash the operation on
+/// every lookup, and a record here is a few hundred bytes (BENCHMARKS.md:
+/// it was three quarters of the store's memory). A key used with more than
+/// [`FEW`] operations (an application whose operations are its raw paths,
+/// say, under a client's control) gets a map, so lookups stay constant.
+#[derive(Debug)]
+enum Records {
+    Few(Vec<Record>),
+    /// Boxed: rare, and it keeps every bucket in the shard's table small
+    /// (a list's 24 bytes, not a map's 48).
+    #[allow(clippy::box_collection)]
+    Many(Box<HashMap<Operation, Record>>),
+}
+
+impl Records {
+    fn one(record: Record) -> Records {
+        Records::Few(vec![record])
+    }
+
+    fn get(&self, operation: &Operation) -> Option<&Record> {
+        match self {
+            Records::Few(list) => list.iter().find(|r| r.id.operation == *operation),
+            Records::Many(map) => map.get(operation),
+        }
+    }
+
+    fn get_mut(&mut self, operation: &Operation) -> Option<&mut Record> {
+        match self {
+            Records::Few(list) => list.iter_mut().find(|r| r.id.operation == *operation),
+            Records::Many(map) => map.get_mut(operation),
+        }
+    }
+
+    /// Saves `record`, over the one with its operation if there is one.
+    fn put(&mut self, record: Record) {
+        match self {
+            Records::Few(list) => {
+                if let Some(slot) = list
+                    .iter_mut()
+                    .find(|r| r.id.operation == record.id.operation)
+                {
+                    *slot = record;
+                } else if list.len() < FEW {
+                    list.push(record);
+                } else {
+                    let mut map: HashMap<Operation, Record> = std::mem::take(list)
+                        .into_iter()
+                        .map(|r| (r.id.operation.clone(), r))
+                        .collect();
+                    map.insert(record.id.operation.clone(), record);
+                    *self = Records::Many(Box::new(map));
+                }
+            }
+            Records::Many(map) => {
+                map.insert(record.id.operation.clone(), record);
+            }
+        }
+    }
+
+    fn remove(&mut self, operation: &Operation) {
+        match self {
+            Records::Few(list) => {
+                if let Some(at) = list.iter().position(|r| r.id.operation == *operation) {
+                    list.swap_remove(at);
+                }
+            }
+            Records::Many(map) => {
+                map.remove(operation);
+            }
+        }
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&Record) -> bool) {
+        match self {
+            Records::Few(list) => list.retain(|r| keep(r)),
+            Records::Many(map) => map.retain(|_, r| keep(r)),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        match self {
+            Records::Few(list) => list.is_empty(),
+            Records::Many(map) => map.is_empty(),
+        }
+    }
+
+    fn first(&self) -> Option<&Record> {
+        match self {
+            Records::Few(list) => list.first(),
+            Records::Many(map) => map.values().next(),
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Record> {
+        let (few, many) = match self {
+            Records::Few(list) => (Some(list.iter()), None),
+            Records::Many(map) => (None, Some(map.values())),
+        };
+        few.into_iter().flatten().chain(many.into_iter().flatten())
     }
 }
 
@@ -102,16 +209,11 @@ impl Shard {
             .buckets
             .find_mut(hash.0, |b| b.holds(&id.scope, &id.key))
         {
-            Some(bucket) => match bucket.records.get_mut(&id.operation) {
-                Some(slot) => *slot = record,
-                None => {
-                    bucket.records.insert(id.operation.clone(), record);
-                }
-            },
+            Some(bucket) => bucket.records.put(record),
             None => {
                 let bucket = Bucket {
                     hash,
-                    records: HashMap::from([(id.operation.clone(), record)]),
+                    records: Records::one(record),
                 };
                 self.buckets.insert_unique(hash.0, bucket, |b| b.hash.0);
             }
@@ -132,7 +234,7 @@ impl Shard {
     }
 
     fn records(&self) -> impl Iterator<Item = &Record> {
-        self.buckets.iter().flat_map(|b| b.records.values())
+        self.buckets.iter().flat_map(|b| b.records.iter())
     }
 }
 
@@ -267,7 +369,7 @@ impl Store for MemoryStore {
                 }
                 let mut shard = self.lock(i);
                 shard.buckets.retain(|bucket| {
-                    bucket.records.retain(|_, r| {
+                    bucket.records.retain(|r| {
                         let purge = purged < limit && !r.is_live(now);
                         purged += usize::from(purge);
                         !purge
@@ -326,7 +428,7 @@ impl Store for MemoryStore {
             let mut found: Vec<&Record> = shard
                 .bucket(hash, scope, key)
                 .into_iter()
-                .flat_map(|b| b.records.values())
+                .flat_map(|b| b.records.iter())
                 .filter(|r| r.is_live(now))
                 .collect();
             found.sort_by(|a, b| {
@@ -507,15 +609,16 @@ mod tests {
         );
     }
 
-    /// Many operations under one key: each is its own record, found without
-    /// a scan, and a purge stops at its limit inside one bucket.
+    /// Many operations under one key (more than a bucket's list holds):
+    /// each is its own record in one bucket, and a purge stops at its limit
+    /// inside it.
     #[test]
     fn many_operations_on_one_key_purge_within_the_limit() {
         use crate::Store;
 
         let store = MemoryStore::new();
         let a = unique_id("many-ops-key-001");
-        let ids: Vec<RecordId> = (0..5)
+        let ids: Vec<RecordId> = (0..(super::FEW + 4))
             .map(|i| {
                 RecordId::new(
                     a.scope.clone(),
@@ -535,14 +638,107 @@ mod tests {
                 crate::Claim::Acquired(_)
             ));
         }
-        assert_eq!(store.len(), 5);
+        assert_eq!(store.len(), super::FEW + 4);
+        for id in &ids {
+            let found = rt.block_on(store.get(id, t0())).unwrap();
+            assert_eq!(found.map(|r| r.id), Some(id.clone()));
+        }
         let hash = store.hash(&a.scope, &a.key);
         assert_eq!(store.lock(hash.shard()).buckets.len(), 1);
         let later = t0() + Duration::from_secs(61);
         assert_eq!(rt.block_on(store.purge_expired(later, 2)).unwrap(), 2);
-        assert_eq!(store.len(), 3);
-        assert_eq!(rt.block_on(store.purge_expired(later, 10)).unwrap(), 3);
+        assert_eq!(store.len(), super::FEW + 2);
+        assert_eq!(
+            rt.block_on(store.purge_expired(later, 100)).unwrap(),
+            super::FEW + 2
+        );
         assert!(store.is_empty());
         assert!(store.lock(hash.shard()).buckets.is_empty());
+    }
+
+    /// A bucket's records behave as a map by operation on either side of
+    /// the list's limit: put, overwrite, remove and purge, against a model.
+    mod records_against_a_map {
+        use std::collections::BTreeMap;
+
+        use proptest::prelude::*;
+
+        use super::super::{FEW, Records};
+        use super::{claimed, t0, unique_id};
+        use crate::{Operation, RecordId};
+
+        #[derive(Debug, Clone)]
+        enum Step {
+            Put(u8, u8),
+            Remove(u8),
+            Retain(u8),
+        }
+
+        fn step() -> impl Strategy<Value = Step> {
+            // Up to three times the list's limit of operations.
+            let op = 0..(3 * FEW as u8);
+            prop_oneof![
+                4 => (op.clone(), any::<u8>()).prop_map(|(o, v)| Step::Put(o, v)),
+                2 => op.prop_map(Step::Remove),
+                1 => any::<u8>().prop_map(Step::Retain),
+            ]
+        }
+
+        fn id(op: u8) -> RecordId {
+            let base = unique_id("records-model-01");
+            RecordId::new(
+                base.scope,
+                Operation::new("POST", &format!("/op/{op}")),
+                base.key,
+            )
+        }
+
+        proptest! {
+            #[test]
+            fn behave_as_a_map(steps in proptest::collection::vec(step(), 1..80)) {
+                // The model: operation -> the fence its record was put with.
+                let mut model: BTreeMap<u8, u64> = BTreeMap::new();
+                let mut records: Option<Records> = None;
+                for s in steps {
+                    match s {
+                        Step::Put(op, v) => {
+                            let mut r = claimed(&id(op), t0());
+                            r.fence = crate::record::Fence::new(u64::from(v) + 1);
+                            match records.as_mut() {
+                                Some(rs) => rs.put(r),
+                                None => records = Some(Records::one(r)),
+                            }
+                            model.insert(op, u64::from(v) + 1);
+                        }
+                        Step::Remove(op) => {
+                            if let Some(rs) = records.as_mut() {
+                                rs.remove(&id(op).operation);
+                            }
+                            model.remove(&op);
+                        }
+                        Step::Retain(m) => {
+                            let keep = |fence: u64| fence % 3 != u64::from(m) % 3;
+                            if let Some(rs) = records.as_mut() {
+                                rs.retain(|r| keep(r.fence.get()));
+                            }
+                            model.retain(|_, f| keep(*f));
+                        }
+                    }
+                    let Some(rs) = records.as_mut() else { continue };
+                    prop_assert_eq!(rs.is_empty(), model.is_empty());
+                    prop_assert_eq!(rs.iter().count(), model.len());
+                    prop_assert_eq!(rs.first().is_some(), !model.is_empty());
+                    for op in 0..(3 * FEW as u8) {
+                        let expected = model.get(&op).copied();
+                        let operation = id(op).operation;
+                        prop_assert_eq!(rs.get(&operation).map(|r| r.fence.get()), expected);
+                        prop_assert_eq!(rs.get_mut(&operation).map(|r| r.fence.get()), expected);
+                    }
+                    if rs.is_empty() {
+                        records = None;
+                    }
+                }
+            }
+        }
     }
 }
