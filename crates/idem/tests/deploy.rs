@@ -220,12 +220,7 @@ async fn scrape_after_traffic() -> String {
     ];
     let mut text = String::new();
     for _ in 0..200 {
-        text = reqwest::get(format!("{}/metrics", g.admin))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        text = support::metrics_text(&g).await;
         if wanted.iter().all(|w| text.contains(w)) {
             return text;
         }

@@ -134,6 +134,16 @@ pub async fn gateway_logging_to(
     g
 }
 
+/// The gateway's `/metrics` text, from its admin listener.
+pub async fn metrics_text(g: &Gateway) -> String {
+    reqwest::get(format!("{}/metrics", g.admin))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 /// Waits for a gateway to exit (after [`Proc::terminate`], say); its exit
 /// code.
 pub async fn exit_code(mut g: Gateway) -> Option<i32> {

@@ -9,6 +9,7 @@
 //! service (`routes.rs`).
 
 use std::io;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -20,14 +21,15 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Sleep;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::routes::{Front, Gateway};
+use super::spread::{Placed, Spread, spread};
 
 /// The bounds on client connections.
 #[derive(Debug, Clone, Copy)]
@@ -192,8 +194,9 @@ impl Drop for Serving {
 /// loop with its own front service (and so its own upstream connection
 /// pool): a request, its execution and its upstream exchange hand work to
 /// each other on one thread, without waking another (BENCHMARKS.md). The
-/// threads accept from one listening socket, so an idle thread takes the
-/// next connection; a connection stays on the thread that accepted it.
+/// threads accept from one listening socket and pass a connection on to
+/// the least loaded thread when the one that accepted it holds more
+/// (`spread.rs`); a connection stays on the thread it was placed on.
 /// With `tls`, every connection is a TLS one; its handshake must finish
 /// within the header timeout, and holds a connection slot while it runs.
 ///
@@ -222,7 +225,8 @@ pub(crate) async fn serve(
     // multi-threaded runtime's.
     let blocking = (512 / fronts.len().max(1)).max(1);
     let mut prepared = Vec::with_capacity(fronts.len());
-    for front in fronts {
+    let spreads = spread(fronts.len());
+    for (front, spread) in fronts.into_iter().zip(spreads) {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .max_blocking_threads(blocking)
@@ -231,7 +235,7 @@ pub(crate) async fn serve(
             let _entered = runtime.enter();
             TcpListener::from_std(listener.try_clone()?)?
         };
-        prepared.push((runtime, listener, front));
+        prepared.push((runtime, listener, front, spread));
     }
     let mut serving = Serving {
         threads: Vec::with_capacity(prepared.len()),
@@ -243,7 +247,7 @@ pub(crate) async fn serve(
     // The threads serve once every one of them has started.
     let go = CancellationToken::new();
     let mut started = Vec::with_capacity(prepared.len());
-    for (i, (runtime, listener, front)) in prepared.into_iter().enumerate() {
+    for (i, (runtime, listener, front, spread)) in prepared.into_iter().enumerate() {
         let (done, drained) = tokio::sync::oneshot::channel();
         let (ready, is_ready) = tokio::sync::oneshot::channel();
         started.push(is_ready);
@@ -267,7 +271,13 @@ pub(crate) async fn serve(
                         () = go.cancelled() => true,
                     };
                     if serve {
-                        accept(listener, front, acceptor, slots, limits, stop, grace).await;
+                        let with = ServeWith {
+                            app: front,
+                            acceptor,
+                            slots,
+                            limits,
+                        };
+                        accept(listener, spread, with, stop, grace).await;
                     }
                     let _ = done.send(());
                     // Executions spawned on this thread run until the
@@ -297,17 +307,56 @@ pub(crate) async fn serve(
     Ok(serving)
 }
 
-/// One thread's accept loop and its connections, until `shutdown` and the
-/// grace after it.
-async fn accept(
-    listener: TcpListener,
+/// What a thread serves its connections with.
+struct ServeWith {
     app: Front,
     acceptor: Option<TlsAcceptor>,
     slots: Arc<Semaphore>,
     limits: ConnectionLimits,
+}
+
+/// What ended one wait of the accept loop.
+enum Next {
+    Stop,
+    Accepted(TcpStream, SocketAddr, OwnedSemaphorePermit),
+    Handed(Option<Placed>),
+}
+
+/// A connection slot, then a connection in it. A failed accept (out of
+/// descriptors, say) backs off instead of spinning. `None` once the
+/// semaphore is closed.
+async fn accept_one(
+    listener: &TcpListener,
+    slots: &Arc<Semaphore>,
+) -> Option<(TcpStream, SocketAddr, OwnedSemaphorePermit)> {
+    let permit = slots.clone().acquire_owned().await.ok()?;
+    loop {
+        match listener.accept().await {
+            Ok((stream, peer)) => return Some((stream, peer, permit)),
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// One thread's accept loop and its connections, until `shutdown` and the
+/// grace after it: those it accepts and keeps, and those other threads
+/// hand it (`spread.rs`).
+async fn accept(
+    listener: TcpListener,
+    mut spread: Spread,
+    with: ServeWith,
     shutdown: CancellationToken,
     grace: Duration,
 ) {
+    let ServeWith {
+        app,
+        acceptor,
+        slots,
+        limits,
+    } = with;
     let graceful = GracefulShutdown::new();
     // Every connection's task, so that those still open when the grace
     // runs out are ended here, before the thread says it is drained: after
@@ -315,26 +364,28 @@ async fn accept(
     let connections = TaskTracker::new();
     let cut_off = CancellationToken::new();
     loop {
-        let permit = tokio::select! {
-            p = slots.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => break,
+        // Both waits give up cleanly when the other wins: a permit taken
+        // for an accept that did not happen goes back.
+        let next = tokio::select! {
+            biased;
+            () = shutdown.cancelled() => Next::Stop,
+            placed = spread.handed() => Next::Handed(placed),
+            accepted = accept_one(&listener, &slots) => match accepted {
+                Some((stream, peer, permit)) => Next::Accepted(stream, peer, permit),
+                None => Next::Stop,
             },
-            () = shutdown.cancelled() => break,
         };
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    // Out of descriptors, say: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            () = shutdown.cancelled() => break,
+        let placed = match next {
+            Next::Stop => break,
+            Next::Handed(placed) => placed,
+            Next::Accepted(stream, peer, permit) => {
+                let _ = stream.set_nodelay(true);
+                spread.place(stream, peer, permit)
+            }
         };
-        let _ = stream.set_nodelay(true);
+        let Some(Placed { stream, peer, slot }) = placed else {
+            continue;
+        };
         let app = app.for_peer(peer);
         let watcher = graceful.watcher();
         let acceptor = acceptor.clone();
@@ -370,9 +421,10 @@ async fn accept(
                 () = serve => {}
                 () = cut_off.cancelled() => {}
             }
-            drop(permit);
+            drop(slot);
         });
     }
+    spread.close();
     drop(listener);
     // Idle connections close at once; busy ones after their response, or
     // when the grace runs out: then they are cut off (a request's own

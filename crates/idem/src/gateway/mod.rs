@@ -4,6 +4,7 @@ mod admin;
 mod listener;
 mod proxy;
 mod routes;
+mod spread;
 mod thread_store;
 
 use std::sync::Arc;
