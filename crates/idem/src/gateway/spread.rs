@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 /// Connections handed to a thread and not yet taken by it, past which it
@@ -147,7 +148,12 @@ impl Spread {
         peer: SocketAddr,
         permit: OwnedSemaphorePermit,
     ) -> Option<Placed> {
-        let target = self.target();
+        // A place in the target's inbox is reserved before the count
+        // moves, so that threads placing at once cannot overfill it.
+        let target = self
+            .target()
+            .filter(|&t| self.reserve(t))
+            .unwrap_or(self.thread);
         let slot = Slot::new(permit, &self.threads, target);
         if target == self.thread {
             return Some(Placed { stream, peer, slot });
@@ -155,12 +161,12 @@ impl Spread {
         let stream = match stream.into_std() {
             Ok(s) => s,
             Err(e) => {
+                self.threads.waiting[target].fetch_sub(1, Ordering::Relaxed);
                 tracing::warn!(error = %e, "cannot hand a connection to another thread; closed");
                 return None;
             }
         };
         let handed = Handed { stream, peer, slot };
-        self.threads.waiting[target].fetch_add(1, Ordering::Relaxed);
         let Err(back) = self.threads.inboxes[target].send(handed) else {
             return None;
         };
@@ -187,9 +193,28 @@ impl Spread {
     pub(crate) fn close(&mut self) {
         self.threads.stopped[self.thread].store(true, Ordering::Relaxed);
         self.inbox.close();
-        while self.inbox.try_recv().is_ok() {
-            self.threads.waiting[self.thread].fetch_sub(1, Ordering::Relaxed);
+        // Until the channel says no send is still on its way: one that
+        // passed the closed check before `close` lands after it, and would
+        // otherwise stay in the channel for good (its slot keeps the
+        // channel alive).
+        loop {
+            match self.inbox.try_recv() {
+                Ok(_closed) => {
+                    self.threads.waiting[self.thread].fetch_sub(1, Ordering::Relaxed);
+                }
+                Err(TryRecvError::Empty) => std::hint::spin_loop(),
+                Err(TryRecvError::Disconnected) => break,
+            }
         }
+    }
+
+    /// Takes one of `thread`'s [`MAX_WAITING`] inbox places, if one is free.
+    fn reserve(&self, thread: usize) -> bool {
+        self.threads.waiting[thread]
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
+                (w < MAX_WAITING).then_some(w + 1)
+            })
+            .is_ok()
     }
 
     fn register(&self, handed: Handed) -> Option<Placed> {
@@ -209,11 +234,11 @@ impl Spread {
         self.threads.open[thread].load(Ordering::Relaxed)
     }
 
-    /// Where a connection this thread accepted goes: here, unless this
-    /// thread holds two or more connections more than the least loaded
-    /// thread that is serving and has fewer than [`MAX_WAITING`] waiting
-    /// for it; then there.
-    fn target(&self) -> usize {
+    /// Where a connection this thread accepted should go instead of here:
+    /// the least loaded thread that is serving and has fewer than
+    /// [`MAX_WAITING`] connections waiting for it, if this thread holds two
+    /// or more connections more than it.
+    fn target(&self) -> Option<usize> {
         let threads = &self.threads;
         let here = threads.open[self.thread].load(Ordering::Relaxed);
         let candidates = (0..threads.open.len()).filter(|&i| {
@@ -225,8 +250,8 @@ impl Spread {
             .map(|i| (i, threads.open[i].load(Ordering::Relaxed)))
             .min_by_key(|&(_, open)| open)
         {
-            Some((least, fewest)) if here > fewest + 1 => least,
-            _ => self.thread,
+            Some((least, fewest)) if here > fewest + 1 => Some(least),
+            _ => None,
         }
     }
 }
@@ -276,6 +301,19 @@ mod tests {
             .expect("registered")
     }
 
+    fn waiting(spreads: &[Spread]) -> Vec<usize> {
+        let threads = &spreads[0].threads;
+        threads
+            .waiting
+            .iter()
+            .map(|w| w.load(std::sync::atomic::Ordering::Relaxed))
+            .collect()
+    }
+
+    fn stopped(spreads: &[Spread], thread: usize) -> bool {
+        spreads[0].threads.stopped[thread].load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     fn open(spreads: &[Spread]) -> Vec<usize> {
         (0..spreads[0].threads.open.len())
             .map(|i| spreads[0].open(i))
@@ -292,7 +330,7 @@ mod tests {
         let mut burst = Burst::new().await;
         let mut spreads = spread(4);
         let mut placed = Vec::new();
-        for _ in 0..16 {
+        for _ in 0..32 {
             let before = open(&spreads);
             if let Some(kept) = burst.accept_on_0(&spreads).await {
                 placed.push(kept);
@@ -304,10 +342,15 @@ mod tests {
             placed.push(next_handed(&mut spreads[to]).await);
         }
         let counts = open(&spreads);
-        assert_eq!(counts.iter().sum::<usize>(), 16, "{counts:?}");
+        assert_eq!(counts.iter().sum::<usize>(), 32, "{counts:?}");
         let (most, fewest) = (counts.iter().max().unwrap(), counts.iter().min().unwrap());
         assert!(most - fewest <= 2, "spread: {counts:?}");
-        assert_eq!(burst.slots.available_permits(), 64 - 16, "a permit each");
+        assert!(
+            counts[1..].iter().all(|&n| n > MAX_WAITING),
+            "each thread took more than its inbox holds at once: {counts:?}"
+        );
+        assert_eq!(waiting(&spreads), vec![0; 4], "every hand-over taken");
+        assert_eq!(burst.slots.available_permits(), 64 - 32, "a permit each");
         for c in &mut burst.clients {
             c.write_all(b"x").await.unwrap();
         }
@@ -336,8 +379,11 @@ mod tests {
         }
         assert_eq!(spreads[0].open(1), MAX_WAITING, "handed, waiting");
         assert_eq!(kept.len(), MAX_WAITING + 8, "kept by thread 0");
+        assert_eq!(waiting(&spreads), vec![0, MAX_WAITING]);
         spreads[1].close();
         assert_eq!(open(&spreads), vec![MAX_WAITING + 8, 0]);
+        assert_eq!(waiting(&spreads), vec![0, 0]);
+        assert!(stopped(&spreads, 1));
         assert_eq!(
             burst.slots.available_permits(),
             64 - (MAX_WAITING + 8),
@@ -368,5 +414,7 @@ mod tests {
         }
         assert_eq!(kept.len(), 6);
         assert_eq!(open(&spreads), vec![6, 0]);
+        assert!(stopped(&spreads, 1), "marked once a hand-over failed");
+        assert_eq!(waiting(&spreads), vec![0, 0]);
     }
 }
