@@ -149,6 +149,14 @@ where
         Ok(lease) => lease,
         Err((outcome, response)) => return Ok(ended(&id, started, outcome, response)),
     };
+    // Past the shutdown's grace the layer cancels executions. One claimed
+    // since then has not reached the inner service: its claim is given
+    // back (a hold would keep a key that never ran until its lease ends).
+    if shared.shutdown.is_cancelled() {
+        let token = shared.in_progress.begin(&shared.meters);
+        let refused = abandon(&shared, &id, lease, token, Rejection::ShuttingDown).await;
+        return Ok(ended(&id, started, Outcome::Released, refused));
+    }
     tracing::debug!(key = %id.key.log_id(), fence = lease.fence.get(), takeover = lease.takeover, "executing");
 
     // Execute in a task of our own: a client that hangs up drops this

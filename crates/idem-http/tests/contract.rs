@@ -508,6 +508,20 @@ async fn a_store_that_is_down_gives_503_and_runs_nothing() {
     assert_eq!(app.probe.executions.load(Ordering::SeqCst), 0);
 }
 
+/// The live record of an anonymous `POST path` with `key`, if any.
+async fn anonymous_record(
+    store: &Arc<dyn Store>,
+    path: &str,
+    key: String,
+) -> Option<idem_core::Record> {
+    let id = idem_core::RecordId::new(
+        idem_core::Scope::anonymous(),
+        idem_core::Operation::new("POST", path),
+        idem_core::Key::new(key).unwrap(),
+    );
+    store.get(&id, idem_core::Timestamp::now()).await.unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_cancels_running_handlers_and_releases_their_claims() {
     let store: Arc<dyn Store> = Arc::new(idem_core::MemoryStore::new());
@@ -518,15 +532,40 @@ async fn shutdown_cancels_running_handlers_and_releases_their_claims() {
     app.handle.shutdown(Duration::ZERO).await;
     let resp = running.await.unwrap().unwrap();
     problem(resp, StatusCode::SERVICE_UNAVAILABLE, "shutting-down").await;
-    let id = idem_core::RecordId::new(
-        idem_core::Scope::anonymous(),
-        idem_core::Operation::new("POST", "/gated"),
-        idem_core::Key::new(k).unwrap(),
-    );
     assert_eq!(
-        store.get(&id, idem_core::Timestamp::now()).await.unwrap(),
+        anonymous_record(&store, "/gated", k).await,
         None,
         "claim released"
+    );
+}
+
+/// Past the grace, a request claimed after the cancellation never reaches
+/// the handler, so its claim is released even where outcomes are held
+/// (the gateway's mode): a retry on the next process executes it instead
+/// of waiting out a lease for something that never ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_after_the_cancellation_is_released_unrun_even_when_holding() {
+    let store: Arc<dyn Store> = Arc::new(idem_core::MemoryStore::new());
+    let app = spawn_app(store.clone(), |b| b.hold_unknown_outcomes(true)).await;
+    let running = tokio::spawn(app.post("/gated", &key(), "{}").send());
+    app.probe.started.notified().await;
+    app.handle.shutdown(Duration::ZERO).await;
+    let held = running.await.unwrap().unwrap();
+    problem(held, StatusCode::SERVICE_UNAVAILABLE, "shutting-down").await;
+    let ran = app.probe.executions.load(Ordering::SeqCst);
+
+    let late = key();
+    let resp = app.post("/orders", &late, "{}").send().await.unwrap();
+    problem(resp, StatusCode::SERVICE_UNAVAILABLE, "shutting-down").await;
+    assert_eq!(
+        app.probe.executions.load(Ordering::SeqCst),
+        ran,
+        "the late request never reached the handler"
+    );
+    assert_eq!(
+        anonymous_record(&store, "/orders", late).await,
+        None,
+        "its claim released, not held"
     );
 }
 
