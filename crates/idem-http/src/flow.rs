@@ -152,10 +152,21 @@ where
     // Past the shutdown's grace the layer cancels executions. One claimed
     // since then has not reached the inner service: its claim is given
     // back (a hold would keep a key that never ran until its lease ends).
+    // In a task of its own, as an execution is: a client that hangs up (or
+    // a connection cut off) must not drop the release half-way.
     if shared.shutdown.is_cancelled() {
-        let token = shared.in_progress.begin(&shared.meters);
-        let refused = abandon(&shared, &id, lease, token, Rejection::ShuttingDown).await;
-        return Ok(ended(&id, started, Outcome::Released, refused));
+        let shared = shared.clone();
+        let release = shared.tracker.clone().spawn(
+            async move {
+                let token = shared.in_progress.begin(&shared.meters);
+                let refused = abandon(&shared, &id, lease, token, Rejection::ShuttingDown).await;
+                ended(&id, started, Outcome::Released, refused)
+            }
+            .in_current_span(),
+        );
+        return Ok(release
+            .await
+            .unwrap_or_else(|_| Rejection::ShuttingDown.into_response()));
     }
     tracing::debug!(key = %id.key.log_id(), fence = lease.fence.get(), takeover = lease.takeover, "executing");
 

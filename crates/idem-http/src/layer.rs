@@ -345,7 +345,9 @@ impl LayerHandle {
     /// Lets running handlers finish for up to `grace`, then cancels the
     /// rest: their claims are released (so a retry executes them again) and
     /// their clients get 503. Returns when every execution has ended.
-    /// Requests that arrive afterwards still run; stop accepting first.
+    /// Requests that arrive afterwards are answered 503 with their claims
+    /// released if the grace ran out, and still run if it did not; stop
+    /// accepting first.
     pub async fn shutdown(&self, grace: Duration) {
         let tracker = &self.shared.tracker;
         tracker.close();

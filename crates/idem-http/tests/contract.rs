@@ -547,11 +547,16 @@ async fn shutdown_cancels_running_handlers_and_releases_their_claims() {
 async fn a_claim_after_the_cancellation_is_released_unrun_even_when_holding() {
     let store: Arc<dyn Store> = Arc::new(idem_core::MemoryStore::new());
     let app = spawn_app(store.clone(), |b| b.hold_unknown_outcomes(true)).await;
-    let running = tokio::spawn(app.post("/gated", &key(), "{}").send());
+    let first = key();
+    let running = tokio::spawn(app.post("/gated", &first, "{}").send());
     app.probe.started.notified().await;
     app.handle.shutdown(Duration::ZERO).await;
     let held = running.await.unwrap().unwrap();
     problem(held, StatusCode::SERVICE_UNAVAILABLE, "shutting-down").await;
+    assert!(
+        anonymous_record(&store, "/gated", first).await.is_some(),
+        "the cancelled execution is held (the lookup finds records)"
+    );
     let ran = app.probe.executions.load(Ordering::SeqCst);
 
     let late = key();
