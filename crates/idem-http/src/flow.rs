@@ -149,40 +149,18 @@ where
         Ok(lease) => lease,
         Err((outcome, response)) => return Ok(ended(&id, started, outcome, response)),
     };
-    // Past the shutdown's grace the layer cancels executions. One claimed
-    // since then has not reached the inner service: its claim is given
-    // back (a hold would keep a key that never ran until its lease ends).
-    // In a task of its own, as an execution is: a client that hangs up (or
-    // a connection cut off) must not drop the release half-way.
-    if shared.shutdown.is_cancelled() {
-        let shared = shared.clone();
-        let release = shared.tracker.clone().spawn(
-            async move {
-                let token = shared.in_progress.begin(&shared.meters);
-                let refused = abandon(&shared, &id, lease, token, Rejection::ShuttingDown).await;
-                ended(&id, started, Outcome::Released, refused)
-            }
-            .in_current_span(),
-        );
-        return Ok(release
-            .await
-            .unwrap_or_else(|_| Rejection::ShuttingDown.into_response()));
-    }
-    tracing::debug!(key = %id.key.log_id(), fence = lease.fence.get(), takeover = lease.takeover, "executing");
-
     // Execute in a task of our own: a client that hangs up drops this
     // future, not the handler.
     let ctx = IdempotencyContext::new(id.clone(), lease.fence, lease.expires_at);
     let mut request = Request::from_parts(parts, full(bytes));
     request.extensions_mut().insert(ctx.clone());
-    let call = inner(request);
     // The task runs in the caller's span, so that a span of the stack
     // around this layer (a TraceLayer, OpenTelemetry) covers the handler.
     // It logs the request's end itself: a client that hangs up drops the
     // wait below, not the execution, and its end is still logged.
     // Boxed: the task's future is moved several times on its way into the
     // runtime, and the execution's state is a few kilobytes.
-    let execution = Box::pin(execute(shared.clone(), call, ctx, rule, lease));
+    let execution = Box::pin(execute(shared.clone(), inner, request, ctx, rule, lease));
     let shared_for_panic = shared.clone();
     let task = shared.tracker.spawn(
         async move {
@@ -192,8 +170,9 @@ where
                     log_end(&id, started, outcome, status);
                     result
                 }
-                // Only our own code can panic here (the handler's panics are
-                // caught inside); the claim is left to its lease.
+                // Only our own code, or the service's `call` itself, can
+                // panic here (the futures' panics are caught inside); the
+                // claim is left to its lease.
                 Err(_) => Ok(ended(
                     &id,
                     started,
@@ -466,17 +445,28 @@ fn written_with_legacy(record: &Record, legacy: &(dyn Fn() -> Fingerprint + Sync
     record.fingerprint.version() == 1 && record.fingerprint == legacy()
 }
 
-/// Runs the handler's future to the end and settles the record; returns
-/// the answer with its outcome.
+/// Calls the handler, runs its future to the end and settles the record;
+/// returns the answer with its outcome.
 async fn execute<E>(
     shared: Arc<Shared>,
-    call: BoxFuture<'static, Result<Response<Body>, E>>,
+    inner: Call<E>,
+    request: Request<Body>,
     ctx: IdempotencyContext,
     rule: Arc<RouteRule>,
     lease: Lease,
 ) -> Ended<Result<Response<Body>, E>> {
     let token = shared.in_progress.begin(&shared.meters);
     let id = ctx.id().clone();
+    // Past the shutdown's grace the layer cancels executions. One claimed
+    // since then has not reached the inner service: its claim is given
+    // back, in either mode (a hold would keep a key that never ran until
+    // its lease ends).
+    if shared.shutdown.is_cancelled() {
+        let abandoned = abandon(&shared, &id, lease, token, Rejection::ShuttingDown).await;
+        return (Outcome::Released, Ok(abandoned));
+    }
+    tracing::debug!(key = %id.key.log_id(), fence = lease.fence.get(), takeover = lease.takeover, "executing");
+    let call = inner(request);
     let outcome = tokio::select! {
         biased;
         () = shared.shutdown.cancelled() => None,

@@ -276,11 +276,11 @@ fn bounded_size(v: Option<&String>, name: &str, default: usize) -> anyhow::Resul
     Ok(n)
 }
 
-/// A count setting: defaulted, within `min..=max`.
 /// The most serving threads: each new connection wakes every thread's
 /// event loop (they share the listening socket).
 const MAX_THREADS: usize = 256;
 
+/// A count setting: defaulted, within `min..=max`.
 fn bounded_count(
     v: Option<usize>,
     name: &str,
