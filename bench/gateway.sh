@@ -10,7 +10,10 @@
 # utime+stime the serving process spent (from /proc/PID/stat) over the
 # requests wrk completed. For the upstream and the hop rows that process is
 # the nginx worker, which serves the upstream too; for idem rows it is the
-# gateway alone (the upstream's own CPU is the first row's).
+# gateway alone (the upstream's own CPU is the first row's). A third nginx
+# row, "nginx hop in a process of its own", is a diagnostic: the same
+# hop in a second nginx, which reaches the upstream across processes as the
+# gateway does; its CPU is that hop's alone. Ratios stay to the reference.
 #
 # Stores: memory, SQLite (synchronous=FULL, the default) and, when
 # IDEM_TEST_POSTGRES_URL / IDEM_TEST_REDIS_URL are set, PostgreSQL and
@@ -51,6 +54,7 @@ PIDS=()
 cleanup() {
     for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
     [ -f "$WORK/nginx.pid" ] && kill "$(cat "$WORK/nginx.pid")" 2>/dev/null || true
+    [ -f "$WORK/apart/nginx.pid" ] && kill "$(cat "$WORK/apart/nginx.pid")" 2>/dev/null || true
     rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -60,29 +64,32 @@ free_port() {
 }
 UP="$(free_port)"
 HOP="$(free_port)"
+APART="$(free_port)"
 
-cat >"$WORK/nginx.conf" <<EOF
+# nginx_conf DIR SERVERS: one worker, its files under DIR, the upstream
+# pool `app`, and SERVERS (server blocks).
+nginx_conf() {
+    mkdir -p "$1"
+    cat >"$1/nginx.conf" <<EOF
 worker_processes 1;
 daemon on;
-pid $WORK/nginx.pid;
-error_log $WORK/nginx-error.log warn;
+pid $1/nginx.pid;
+error_log $1/nginx-error.log warn;
 events { worker_connections 4096; }
 http {
     access_log off;
-    client_body_temp_path $WORK/body;
-    proxy_temp_path $WORK/proxy;
+    client_body_temp_path $1/body;
+    proxy_temp_path $1/proxy;
     upstream app { server 127.0.0.1:$UP; keepalive 128; }
+$2
+}
+EOF
+}
+# hop_server PORT: a keep-alive proxy hop to the upstream.
+hop_server() {
+    cat <<EOF
     server {
-        listen 127.0.0.1:$UP;
-        keepalive_requests 100000;
-        location / {
-            default_type application/json;
-            if (\$request_method = POST) { return 201 '{"id":"t-1","status":"created"}'; }
-            return 200 '{"ok":true}';
-        }
-    }
-    server {
-        listen 127.0.0.1:$HOP;
+        listen 127.0.0.1:$1;
         keepalive_requests 100000;
         location / {
             proxy_pass http://app;
@@ -90,11 +97,42 @@ http {
             proxy_set_header Connection "";
         }
     }
-}
 EOF
-"$NGINX" -c "$WORK/nginx.conf" -e "$WORK/nginx-error.log" -p "$WORK"
-for _ in $(seq 1 50); do [ -s "$WORK/nginx.pid" ] && break; sleep 0.1; done
-NGINX_WORKER="$(pgrep -P "$(cat "$WORK/nginx.pid")" | head -1)"
+}
+# start_nginx DIR: starts it and prints its worker's pid (nginx writes its
+# pid file before it forks the worker).
+start_nginx() {
+    "$NGINX" -c "$1/nginx.conf" -e "$1/nginx-error.log" -p "$1"
+    local w=""
+    for _ in $(seq 1 50); do
+        [ -s "$1/nginx.pid" ] && w="$(pgrep -P "$(cat "$1/nginx.pid")" | head -1 || true)"
+        [ -n "$w" ] && break
+        sleep 0.1
+    done
+    [ -n "$w" ] || { echo "bench: no nginx worker in $1" >&2; exit 1; }
+    echo "$w"
+}
+
+nginx_conf "$WORK" "    server {
+        listen 127.0.0.1:$UP;
+        keepalive_requests 100000;
+        location / {
+            default_type application/json;
+            if (\$request_method = POST) { return 201 '{\"id\":\"t-1\",\"status\":\"created\"}'; }
+            return 200 '{\"ok\":true}';
+        }
+    }
+$(hop_server "$HOP")"
+NGINX_WORKER="$(start_nginx "$WORK")"
+
+# A diagnostic, not the reference: the same proxy hop in a second nginx
+# (one worker), so that, like the gateway, it reaches its upstream in
+# another process. The reference hop's worker serves its own upstream, so
+# its upstream exchange wakes no other process; this one's wakes the
+# upstream and is woken back, as the gateway's is. Its CPU is the hop's
+# process alone, as for the idem rows.
+nginx_conf "$WORK/apart" "$(hop_server "$APART")"
+APART_WORKER="$(start_nginx "$WORK/apart")"
 
 # wrk scripts: new keys (thread id + counter), one key, passthrough GET.
 cat >"$WORK/new.lua" <<'EOF'
@@ -142,7 +180,7 @@ row() {
     non2xx="$(echo "$out" | awk '/Non-2xx/ {print $5}')"
     local cpu_us=$(( (after - before) * TICK_US / (reqs > 0 ? reqs : 1) ))
     printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$ROUND" "$name" "$rps" "$p99" "$cpu_us" "${non2xx:-0}" >>"$WORK/rows.tsv"
-    printf 'bench: %-34s %10s req/s  p99 %-8s %5s us/req  non-2xx %s\n' "$name" "$rps" "$p99" "$cpu_us" "${non2xx:-0}" >&2
+    printf 'bench: %-40s %10s req/s  p99 %-8s %5s us/req  non-2xx %s\n' "$name" "$rps" "$p99" "$cpu_us" "${non2xx:-0}" >&2
 }
 
 # gateway NAME STORE: starts `idem serve`, runs its rows, stops it.
@@ -181,6 +219,7 @@ drop_redis() {
 for ROUND in $(seq 1 "$ROUNDS"); do
     row "upstream reached directly" "http://127.0.0.1:$UP/transfers" new "$NGINX_WORKER"
     row "nginx proxy hop" "http://127.0.0.1:$HOP/transfers" new "$NGINX_WORKER"
+    row "nginx hop in a process of its own" "http://127.0.0.1:$APART/transfers" new "$APART_WORKER"
     gateway memory memory:
     rm -f "$WORK"/idem.db*
     gateway sqlite "sqlite:$WORK/idem.db"

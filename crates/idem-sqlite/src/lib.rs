@@ -22,6 +22,14 @@
 //! reported before it is durable. Speed comes from sharing the fsync, not
 //! from weakening it. See BENCHMARKS.md for the figures.
 //!
+//! The commit's sync is SQLite's own call. On Linux that is `fsync`
+//! unless SQLite was compiled with `HAVE_FDATASYNC`, which this workspace
+//! sets (`.cargo/config.toml`). An application whose SQLite comes from
+//! rusqlite's `bundled` feature can set it the same way
+//! (`LIBSQLITE3_FLAGS="-DHAVE_FDATASYNC=1"`, added to any flags it already
+//! sets): on Linux fdatasync is as durable for the WAL, the main file and
+//! the directory, and skips writing the files' timestamps.
+//!
 //! Reads ([`Store::get`], [`Store::list_stale`], [`Store::find_by_key`]) use
 //! their own connections (WAL lets readers run beside the writer) on tokio's
 //! blocking pool, so they never wait behind a batch.

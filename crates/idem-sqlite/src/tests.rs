@@ -122,6 +122,34 @@ fn a_missing_directory_is_a_clear_error() {
     );
 }
 
+/// SQLite in this build syncs with fdatasync, not fsync (its source's
+/// default on Linux): `.cargo/config.toml` sets `LIBSQLITE3_FLAGS` for
+/// libsqlite3-sys's build script. Checked on what was linked: this test
+/// binary holds the same SQLite as the store, so it must import
+/// `fdatasync` from the C library and not `fsync` (nothing else linked
+/// into it syncs a file). It fails for a build whose environment
+/// overrides the variable, or that links a system SQLite.
+#[test]
+#[cfg(target_os = "linux")]
+fn the_linked_sqlite_syncs_with_fdatasync() {
+    use object::{Object, ObjectSymbol};
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let bytes = std::fs::read(&exe).expect("reading the test binary");
+    let file = object::File::parse(&*bytes).expect("parsing the test binary");
+    let imported = |name: &str| {
+        file.dynamic_symbols()
+            .any(|s| s.is_undefined() && s.name() == Ok(name))
+    };
+    assert!(
+        imported("fdatasync") && !imported("fsync"),
+        "{} imports fdatasync: {}, fsync: {}; SQLite must be built with \
+         LIBSQLITE3_FLAGS=-DHAVE_FDATASYNC=1 (.cargo/config.toml)",
+        exe.display(),
+        imported("fdatasync"),
+        imported("fsync"),
+    );
+}
+
 /// Records and the fence counter survive closing and reopening the file.
 #[test]
 fn records_and_fences_survive_reopening() {
