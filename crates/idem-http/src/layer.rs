@@ -14,7 +14,7 @@ use crate::flow::IDEMPOTENCY_KEY;
 use crate::metrics::{InProgress, Meters};
 use crate::rejection::Rejection;
 use crate::replay_cache::ReplayCache;
-use crate::rule::{KeyRequirement, RouteRule, ScopeSource};
+use crate::rule::{KeyRequirement, Matched, RouteRule, ScopeSource};
 use crate::service::Idempotency;
 use crate::wait::Waiters;
 
@@ -24,8 +24,9 @@ pub(crate) struct Shared {
     /// Shared with each request they match, not copied into it.
     pub(crate) rules: Vec<Arc<RouteRule>>,
     pub(crate) default_methods: Vec<Method>,
-    pub(crate) default_key: KeyRequirement,
-    pub(crate) default_policy: Policy,
+    /// The key requirement and policy of the default methods' requests,
+    /// one rule for all of them (each names its own operation).
+    pub(crate) default_rule: Arc<RouteRule>,
     /// The request header that carries the key.
     pub(crate) key_header: HeaderName,
     pub(crate) key_policy: KeyPolicy,
@@ -51,16 +52,16 @@ impl Shared {
     /// The rule for a request: the first configured rule that matches, or
     /// the default rule for the default methods (POST and PATCH), whose
     /// operation is the literal path. `None`: pass through.
-    pub(crate) fn rule_for(&self, method: &Method, path: &str) -> Option<Arc<RouteRule>> {
+    pub(crate) fn rule_for(&self, method: &Method, path: &str) -> Option<Matched> {
         if let Some(rule) = self.rules.iter().find(|r| r.matches(method, path)) {
-            return Some(rule.clone());
+            return Some(Matched {
+                operation: rule.operation(method),
+                rule: rule.clone(),
+            });
         }
-        self.default_methods.contains(method).then(|| {
-            Arc::new(
-                RouteRule::new(method.clone(), path)
-                    .key(self.default_key)
-                    .policy(self.default_policy.clone()),
-            )
+        self.default_methods.contains(method).then(|| Matched {
+            operation: RouteRule::default_operation(method, path),
+            rule: self.default_rule.clone(),
         })
     }
 
@@ -166,8 +167,7 @@ impl IdempotencyLayerBuilder {
                 store,
                 rules: Vec::new(),
                 default_methods: vec![Method::POST, Method::PATCH],
-                default_key: KeyRequirement::Required,
-                default_policy: Policy::default(),
+                default_rule: Arc::new(RouteRule::for_default_methods()),
                 key_header: IDEMPOTENCY_KEY,
                 key_policy: KeyPolicy::default(),
                 scope: ScopeSource::default(),
@@ -207,13 +207,13 @@ impl IdempotencyLayerBuilder {
 
     /// Whether the default rule requires a key. Default required.
     pub fn default_key(mut self, key: KeyRequirement) -> Self {
-        self.shared.default_key = key;
+        Arc::make_mut(&mut self.shared.default_rule).key = key;
         self
     }
 
     /// The default rule's policy. Default [`Policy::default`].
     pub fn default_policy(mut self, policy: Policy) -> Self {
-        self.shared.default_policy = policy;
+        Arc::make_mut(&mut self.shared.default_rule).policy = policy;
         self
     }
 
@@ -378,5 +378,57 @@ impl LayerHandle {
     /// The store the layer uses.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.shared.store
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use idem_core::MemoryStore;
+
+    use super::*;
+
+    /// The default methods' requests share one rule, which carries what the
+    /// builder set, each with its own path as the operation; a configured
+    /// rule comes first, with its pattern's operation; other methods pass.
+    #[test]
+    fn the_default_rule_carries_the_builders_key_and_policy() {
+        let policy = Policy::builder()
+            .ttl(Duration::from_secs(60))
+            .lease(Duration::from_secs(7))
+            .build()
+            .expect("a valid policy");
+        let layer = IdempotencyLayer::builder(MemoryStore::new())
+            .route(RouteRule::post("/orders/{id}"))
+            .default_key(KeyRequirement::Optional)
+            .default_policy(policy)
+            .build();
+        let shared = &layer.shared;
+
+        let a = shared
+            .rule_for(&Method::POST, "/a")
+            .expect("a default method");
+        let b = shared
+            .rule_for(&Method::PATCH, "//b/c")
+            .expect("a default method");
+        assert_eq!(a.operation.as_str(), "POST /a");
+        assert_eq!(b.operation.as_str(), "PATCH /b/c");
+        for m in [&a, &b] {
+            assert_eq!(m.rule.key, KeyRequirement::Optional);
+            assert_eq!(m.rule.policy.ttl(), Duration::from_secs(60));
+            assert_eq!(m.rule.policy.lease(), Duration::from_secs(7));
+        }
+        assert!(
+            Arc::ptr_eq(&a.rule, &b.rule),
+            "one default rule, not one a request"
+        );
+
+        let routed = shared
+            .rule_for(&Method::POST, "/orders/7")
+            .expect("the route");
+        assert_eq!(routed.operation.as_str(), "POST /orders/{id}");
+        assert_eq!(routed.rule.key, KeyRequirement::Required);
+        assert_eq!(routed.rule.policy.ttl(), Policy::default().ttl());
+
+        assert!(shared.rule_for(&Method::GET, "/a").is_none());
     }
 }

@@ -1,5 +1,6 @@
 //! Which requests need a key, and the rules each route runs under.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
@@ -51,7 +52,7 @@ impl PathPattern {
             })
             .collect();
         PathPattern {
-            raw: format!("/{}", pattern.trim_start_matches('/')),
+            raw: rooted(pattern).into_owned(),
             segments,
         }
     }
@@ -83,6 +84,17 @@ impl PathPattern {
     }
 }
 
+/// A pattern or path with exactly one leading `/`: how a pattern names its
+/// operation, and so how the default rule names a path's.
+fn rooted(path: &str) -> Cow<'_, str> {
+    let rest = path.trim_start_matches('/');
+    if rest.len() + 1 == path.len() {
+        Cow::Borrowed(path)
+    } else {
+        Cow::Owned(format!("/{rest}"))
+    }
+}
+
 fn split(path: &str) -> impl Iterator<Item = &str> {
     path.split('/').filter(|s| !s.is_empty())
 }
@@ -90,7 +102,9 @@ fn split(path: &str) -> impl Iterator<Item = &str> {
 /// The rules for requests matching a method and a path pattern.
 #[derive(Debug, Clone)]
 pub struct RouteRule {
-    pub(crate) methods: Vec<Method>,
+    /// The rule's methods, each with its operation (`POST /transfers`),
+    /// formed once here instead of for every request.
+    pub(crate) methods: Vec<(Method, Operation)>,
     pub(crate) path: PathPattern,
     pub(crate) key: KeyRequirement,
     pub(crate) policy: Policy,
@@ -103,8 +117,20 @@ impl RouteRule {
     /// A rule for `method` on `path` (a [`PathPattern`]), key required,
     /// default policy.
     pub fn new(method: Method, path: &str) -> RouteRule {
+        RouteRule::without_methods(path).method(method)
+    }
+
+    /// The rule of requests that only the layer's default methods select:
+    /// key required, the default policy, the whole body fingerprinted. It
+    /// names no method and so matches nothing itself; each request's
+    /// operation is its own path ([`RouteRule::default_operation`]).
+    pub(crate) fn for_default_methods() -> RouteRule {
+        RouteRule::without_methods("*")
+    }
+
+    fn without_methods(path: &str) -> RouteRule {
         RouteRule {
-            methods: vec![method],
+            methods: Vec::new(),
             path: PathPattern::new(path),
             key: KeyRequirement::Required,
             policy: Policy::default(),
@@ -112,6 +138,12 @@ impl RouteRule {
             extra_headers: Vec::new(),
             body_limit: None,
         }
+    }
+
+    /// The operation of a request on `path` under the default rule: the
+    /// literal path, with one leading `/`, as if it were the rule's pattern.
+    pub(crate) fn default_operation(method: &Method, path: &str) -> Operation {
+        Operation::new(method.as_str(), &rooted(path))
     }
 
     /// `POST path`.
@@ -126,8 +158,9 @@ impl RouteRule {
 
     /// Adds another method to the rule.
     pub fn method(mut self, method: Method) -> Self {
-        if !self.methods.contains(&method) {
-            self.methods.push(method);
+        if !self.methods.iter().any(|(m, _)| *m == method) {
+            let operation = Operation::new(method.as_str(), self.path.as_str());
+            self.methods.push((method, operation));
         }
         self
     }
@@ -170,20 +203,28 @@ impl RouteRule {
 
     /// Whether a request with `method` on `path` falls under this rule.
     pub fn matches(&self, method: &Method, path: &str) -> bool {
-        self.methods.contains(method) && self.path.matches(path)
+        self.methods.iter().any(|(m, _)| m == method) && self.path.matches(path)
     }
 
     /// The operation a request with `method` under this rule belongs to.
     pub fn operation(&self, method: &Method) -> Operation {
-        Operation::new(method.as_str(), self.path.as_str())
+        match self.methods.iter().find(|(m, _)| m == method) {
+            Some((_, operation)) => operation.clone(),
+            None => Operation::new(method.as_str(), self.path.as_str()),
+        }
     }
 
     /// The operations this rule names, one per method (`POST /transfers`).
     pub fn operations(&self) -> impl Iterator<Item = Operation> + '_ {
-        self.methods
-            .iter()
-            .map(|m| Operation::new(m.as_str(), self.path.as_str()))
+        self.methods.iter().map(|(_, operation)| operation.clone())
     }
+}
+
+/// The rule a request falls under, and the operation it belongs to.
+#[derive(Debug)]
+pub(crate) struct Matched {
+    pub(crate) rule: Arc<RouteRule>,
+    pub(crate) operation: Operation,
 }
 
 /// Where a request's scope comes from: whose records it may see.
@@ -297,6 +338,33 @@ impl ScopeSource {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        /// The default rule names a path's operation exactly as a rule
+        /// built for that path did (records written before keep matching):
+        /// the literal path with one leading `/`.
+        #[test]
+        fn the_default_operation_is_the_path_as_a_pattern(path in "/{0,3}[a-z{}*/%.]{0,12}") {
+            for method in [Method::POST, Method::PATCH] {
+                let old = Operation::new(method.as_str(), PathPattern::new(&path).as_str());
+                proptest::prop_assert_eq!(RouteRule::default_operation(&method, &path), old);
+            }
+        }
+    }
+
+    #[test]
+    fn a_rule_names_each_method_s_operation_once() {
+        let rule = RouteRule::post("/orders/{id}")
+            .method(Method::PUT)
+            .method(Method::POST);
+        assert_eq!(rule.methods.len(), 2, "a method added twice is kept once");
+        assert_eq!(rule.operation(&Method::PUT).as_str(), "PUT /orders/{id}");
+        assert_eq!(rule.operation(&Method::POST).as_str(), "POST /orders/{id}");
+        let names: Vec<_> = rule.operations().map(|o| o.as_str().to_owned()).collect();
+        assert_eq!(names, ["POST /orders/{id}", "PUT /orders/{id}"]);
+        assert!(rule.matches(&Method::PUT, "/orders/7"));
+        assert!(!rule.matches(&Method::PATCH, "/orders/7"));
+    }
 
     #[test]
     fn patterns_match_segments() {
