@@ -210,7 +210,13 @@ impl RouteRule {
     pub fn operation(&self, method: &Method) -> Operation {
         match self.methods.iter().find(|(m, _)| m == method) {
             Some((_, operation)) => operation.clone(),
-            None => Operation::new(method.as_str(), self.path.as_str()),
+            None => {
+                debug_assert!(
+                    !self.methods.is_empty(),
+                    "the default methods' rule names no operation; use Matched::operation"
+                );
+                Operation::new(method.as_str(), self.path.as_str())
+            }
         }
     }
 
@@ -220,7 +226,9 @@ impl RouteRule {
     }
 }
 
-/// The rule a request falls under, and the operation it belongs to.
+/// The rule a request falls under, and the operation it belongs to. Use
+/// `operation`, never `rule.operation(..)`: the default methods' rule is
+/// shared by every path, and names none of them.
 #[derive(Debug)]
 pub(crate) struct Matched {
     pub(crate) rule: Arc<RouteRule>,
@@ -339,17 +347,85 @@ impl ScopeSource {
 mod tests {
     use super::*;
 
+    /// The operation a request got before rules were shared, written out
+    /// on its own (not through `rooted` or `PathPattern`), so that a change
+    /// to either shows here: the method upper-cased, a space, the path with
+    /// exactly one leading `/`. Stored records are keyed by it.
+    fn operation_before(method: &Method, path: &str) -> String {
+        format!(
+            "{} /{}",
+            method.as_str().to_ascii_uppercase(),
+            path.trim_start_matches('/')
+        )
+    }
+
+    fn method_from(token: &str) -> Method {
+        Method::from_bytes(token.as_bytes()).expect("a method token")
+    }
+
     proptest::proptest! {
-        /// The default rule names a path's operation exactly as a rule
-        /// built for that path did (records written before keep matching):
-        /// the literal path with one leading `/`.
+        /// Every request is named as before, under the default rule and
+        /// under a configured one (several methods, one added twice, and a
+        /// method the rule does not name): records written before keep
+        /// matching. Any path, any method token (standard, extension,
+        /// lower-case, short and long).
         #[test]
-        fn the_default_operation_is_the_path_as_a_pattern(path in "/{0,3}[a-z{}*/%.]{0,12}") {
-            for method in [Method::POST, Method::PATCH] {
-                let old = Operation::new(method.as_str(), PathPattern::new(&path).as_str());
-                proptest::prop_assert_eq!(RouteRule::default_operation(&method, &path), old);
+        fn operations_are_named_as_before(
+            slashes in 0..4usize,
+            rest in proptest::prelude::any::<String>(),
+            token in "[A-Za-z0-9!#$%&'*+.^_`|~-]{1,20}",
+        ) {
+            let path = format!("{}{rest}", "/".repeat(slashes));
+            let method = method_from(&token);
+            let expected = operation_before(&method, &path);
+            let named = RouteRule::default_operation(&method, &path);
+            proptest::prop_assert_eq!(named.as_str(), &expected);
+            let pattern = PathPattern::new(&path);
+            proptest::prop_assert_eq!(
+                pattern.as_str(),
+                format!("/{}", path.trim_start_matches('/'))
+            );
+            let rule = RouteRule::new(Method::PUT, &path).method(method.clone()).method(Method::PUT);
+            let named = rule.operation(&method);
+            proptest::prop_assert_eq!(named.as_str(), &expected);
+            let unnamed = rule.operation(&Method::DELETE);
+            proptest::prop_assert_eq!(unnamed.as_str(), operation_before(&Method::DELETE, &path));
+            let named: Vec<String> = rule.operations().map(|o| o.as_str().to_owned()).collect();
+            let mut wanted = vec![operation_before(&Method::PUT, &path)];
+            if method != Method::PUT {
+                wanted.push(expected);
             }
+            proptest::prop_assert_eq!(named, wanted);
         }
+    }
+
+    /// Literal names, independent of any of this code: these are in stores.
+    #[test]
+    fn operations_keep_their_literal_names() {
+        let post = Method::POST;
+        for (path, name) in [
+            ("", "POST /"),
+            ("/", "POST /"),
+            ("orders", "POST /orders"),
+            ("///a//b/", "POST /a//b/"),
+            ("/%7Bx%7D", "POST /%7Bx%7D"),
+            ("/{id}", "POST /{id}"),
+            ("/*", "POST /*"),
+            ("/é", "POST /é"),
+        ] {
+            assert_eq!(RouteRule::default_operation(&post, path).as_str(), name);
+            assert_eq!(
+                RouteRule::new(post.clone(), path).operation(&post).as_str(),
+                name
+            );
+        }
+        let purge = method_from("purge");
+        assert_eq!(
+            RouteRule::default_operation(&purge, "/x").as_str(),
+            "PURGE /x"
+        );
+        let rule = RouteRule::post("/orders/{id}").method(purge.clone());
+        assert_eq!(rule.operation(&purge).as_str(), "PURGE /orders/{id}");
     }
 
     #[test]
