@@ -243,7 +243,7 @@ fn attack_retried_completion_after_a_refused_wait_is_lost_in_a_failover() {
         master
     });
     cluster.kill(master);
-    cluster.wait_ready(Duration::from_secs(30));
+    cluster.wait_ready(idem_testkit::redis_cluster::SETTLE_LIMIT);
     rt().block_on(async {
         // The promoted replica has no replica of its own now: read and
         // retry without WAIT (the cluster's state, not the client's).

@@ -278,7 +278,7 @@ pub(crate) fn shut_replica_out(cluster: &RedisCluster, master: u16, replica: u16
 /// Kills the master on `port` and waits until its replica serves its slots.
 fn fail_over(cluster: &mut RedisCluster, port: u16) {
     cluster.kill(port);
-    cluster.wait_ready(Duration::from_secs(30));
+    cluster.wait_ready(idem_testkit::redis_cluster::SETTLE_LIMIT);
 }
 
 /// With `wait_for_replicas`, every write the store acknowledged is on a

@@ -11,6 +11,13 @@ use std::time::{Duration, Instant};
 /// and replaced within a few of these.
 pub const NODE_TIMEOUT: Duration = Duration::from_millis(1000);
 
+/// How long a test waits for a cluster to settle (formed, or failed over):
+/// a failover takes a few node timeouts alone, but the lib's cluster tests
+/// run their clusters side by side on a small machine, and one failover
+/// there once took over 30 s. Polled, not slept: a settled cluster
+/// returns at once.
+pub const SETTLE_LIMIT: Duration = Duration::from_secs(90);
+
 /// A cluster of `redis-server` processes on 127.0.0.1.
 #[derive(Debug)]
 pub struct RedisCluster {
@@ -117,7 +124,7 @@ impl RedisCluster {
             "redis-cli --cluster create failed: {}",
             String::from_utf8_lossy(&out.stdout)
         );
-        cluster.wait_ready(Duration::from_secs(30));
+        cluster.wait_ready(SETTLE_LIMIT);
         Some(cluster)
     }
 
