@@ -23,7 +23,7 @@ use crate::layer::Shared;
 use crate::metrics::{Outcome, StoreOp};
 use crate::rejection::Rejection;
 use crate::replay::{replay, set_expires, to_stored};
-use crate::rule::{KeyRequirement, Matched, RouteRule, ScopeError};
+use crate::rule::{KeyRequirement, RouteRule, ScopeError};
 
 /// The `Idempotency-Key` header.
 pub const IDEMPOTENCY_KEY: HeaderName =
@@ -82,7 +82,7 @@ where
     let (parts, body) = req.into_parts();
     let pass =
         |inner: Call<E>, parts: Parts, body: B| inner(Request::from_parts(parts, boxed(body)));
-    let Some(Matched { rule, operation }) = shared.rule_for(&parts.method, parts.uri.path()) else {
+    let Some(rule) = shared.rule_for(&parts.method, parts.uri.path()) else {
         return pass(inner, parts, body).await;
     };
 
@@ -120,6 +120,7 @@ where
         Ok(s) => s,
         Err(e) => return Ok(reject(&shared, Rejection::Scope(e))),
     };
+    let operation = shared.operation(&rule, &parts.method, parts.uri.path());
     let id = RecordId::new(scope, operation, key);
 
     // From here on the request is keyed: it ends with one debug event.

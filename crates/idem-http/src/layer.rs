@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderName, Method, Response};
-use idem_core::{KeyPolicy, Policy, Store};
+use idem_core::{KeyPolicy, Operation, Policy, Store};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::Layer;
@@ -14,7 +14,7 @@ use crate::flow::IDEMPOTENCY_KEY;
 use crate::metrics::{InProgress, Meters};
 use crate::rejection::Rejection;
 use crate::replay_cache::ReplayCache;
-use crate::rule::{KeyRequirement, Matched, RouteRule, ScopeSource};
+use crate::rule::{KeyRequirement, RouteRule, ScopeSource};
 use crate::service::Idempotency;
 use crate::wait::Waiters;
 
@@ -25,7 +25,8 @@ pub(crate) struct Shared {
     pub(crate) rules: Vec<Arc<RouteRule>>,
     pub(crate) default_methods: Vec<Method>,
     /// The key requirement and policy of the default methods' requests,
-    /// one rule for all of them (each names its own operation).
+    /// one rule for all of them (each names its own operation:
+    /// [`Shared::operation`]).
     pub(crate) default_rule: Arc<RouteRule>,
     /// The request header that carries the key.
     pub(crate) key_header: HeaderName,
@@ -52,17 +53,29 @@ impl Shared {
     /// The rule for a request: the first configured rule that matches, or
     /// the default rule for the default methods (POST and PATCH), whose
     /// operation is the literal path. `None`: pass through.
-    pub(crate) fn rule_for(&self, method: &Method, path: &str) -> Option<Matched> {
+    pub(crate) fn rule_for(&self, method: &Method, path: &str) -> Option<Arc<RouteRule>> {
         if let Some(rule) = self.rules.iter().find(|r| r.matches(method, path)) {
-            return Some(Matched {
-                operation: rule.operation(method),
-                rule: rule.clone(),
-            });
+            return Some(rule.clone());
         }
-        self.default_methods.contains(method).then(|| Matched {
-            operation: RouteRule::default_operation(method, path),
-            rule: self.default_rule.clone(),
-        })
+        self.default_methods
+            .contains(method)
+            .then(|| self.default_rule.clone())
+    }
+
+    /// The operation of a request `rule_for` gave `rule`: its pattern's, or
+    /// for the default rule, which every path shares, the request's path.
+    /// Formed only once a request is keyed.
+    pub(crate) fn operation(
+        &self,
+        rule: &Arc<RouteRule>,
+        method: &Method,
+        path: &str,
+    ) -> Operation {
+        if Arc::ptr_eq(rule, &self.default_rule) {
+            RouteRule::default_operation(method, path)
+        } else {
+            rule.operation(method)
+        }
     }
 
     /// The 400 for a request whose key header is missing or repeated,
@@ -410,24 +423,32 @@ mod tests {
         let b = shared
             .rule_for(&Method::PATCH, "//b/c")
             .expect("a default method");
-        assert_eq!(a.operation.as_str(), "POST /a");
-        assert_eq!(b.operation.as_str(), "PATCH /b/c");
-        for m in [&a, &b] {
-            assert_eq!(m.rule.key, KeyRequirement::Optional);
-            assert_eq!(m.rule.policy.ttl(), Duration::from_secs(60));
-            assert_eq!(m.rule.policy.lease(), Duration::from_secs(7));
-        }
-        assert!(
-            Arc::ptr_eq(&a.rule, &b.rule),
-            "one default rule, not one a request"
+        assert_eq!(
+            shared.operation(&a, &Method::POST, "/a").as_str(),
+            "POST /a"
         );
+        assert_eq!(
+            shared.operation(&b, &Method::PATCH, "//b/c").as_str(),
+            "PATCH /b/c"
+        );
+        for rule in [&a, &b] {
+            assert_eq!(rule.key, KeyRequirement::Optional);
+            assert_eq!(rule.policy.ttl(), Duration::from_secs(60));
+            assert_eq!(rule.policy.lease(), Duration::from_secs(7));
+        }
+        assert!(Arc::ptr_eq(&a, &b), "one default rule, not one a request");
 
         let routed = shared
             .rule_for(&Method::POST, "/orders/7")
             .expect("the route");
-        assert_eq!(routed.operation.as_str(), "POST /orders/{id}");
-        assert_eq!(routed.rule.key, KeyRequirement::Required);
-        assert_eq!(routed.rule.policy.ttl(), Policy::default().ttl());
+        assert_eq!(
+            shared
+                .operation(&routed, &Method::POST, "/orders/7")
+                .as_str(),
+            "POST /orders/{id}"
+        );
+        assert_eq!(routed.key, KeyRequirement::Required);
+        assert_eq!(routed.policy.ttl(), Policy::default().ttl());
 
         assert!(shared.rule_for(&Method::GET, "/a").is_none());
     }

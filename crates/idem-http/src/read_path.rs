@@ -201,7 +201,7 @@ impl ReadPath {
                     })?;
                 let operation = self.shared.rule_for(&method, &p).map_or_else(
                     || idem_core::Operation::new(method.as_str(), &p),
-                    |matched| matched.operation,
+                    |rule| self.shared.operation(&rule, &method, &p),
                 );
                 let id = RecordId::new(scope, operation, key);
                 store_call(&self.shared, StoreOp::Get, store.get(&id, now))

@@ -213,7 +213,7 @@ impl RouteRule {
             None => {
                 debug_assert!(
                     !self.methods.is_empty(),
-                    "the default methods' rule names no operation; use Matched::operation"
+                    "the default methods' rule names no operation; use Shared::operation"
                 );
                 Operation::new(method.as_str(), self.path.as_str())
             }
@@ -224,15 +224,6 @@ impl RouteRule {
     pub fn operations(&self) -> impl Iterator<Item = Operation> + '_ {
         self.methods.iter().map(|(_, operation)| operation.clone())
     }
-}
-
-/// The rule a request falls under, and the operation it belongs to. Use
-/// `operation`, never `rule.operation(..)`: the default methods' rule is
-/// shared by every path, and names none of them.
-#[derive(Debug)]
-pub(crate) struct Matched {
-    pub(crate) rule: Arc<RouteRule>,
-    pub(crate) operation: Operation,
 }
 
 /// Where a request's scope comes from: whose records it may see.
