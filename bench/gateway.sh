@@ -42,12 +42,9 @@ if ! command -v nginx >/dev/null || ! command -v wrk >/dev/null; then
 fi
 NGINX="$(command -v nginx || echo /usr/sbin/nginx)"
 
-if [ -z "${IDEM_BENCH_BIN:-}" ]; then
-    cargo build -q --release -p idem-cli
-    BIN="$PWD/target/release/idem"
-else
-    BIN="$IDEM_BENCH_BIN"
-fi
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+idem_binary
 
 WORK="$(mktemp -d)"
 PIDS=()
@@ -59,9 +56,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
 UP="$(free_port)"
 HOP="$(free_port)"
 APART="$(free_port)"

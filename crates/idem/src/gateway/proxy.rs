@@ -20,10 +20,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::extract::ConnectInfo;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http::header::{self, HeaderName};
+use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri};
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
@@ -41,7 +41,7 @@ pub(crate) struct Proxy(Arc<Forwarder>);
 
 struct Forwarder {
     client: Client<HttpsConnector<HttpConnector>, Body>,
-    upstream: Uri,
+    upstream: Upstream,
     /// `https` when the gateway's own listener speaks TLS, else `http`:
     /// what the forwarding headers say the client used.
     client_proto: &'static str,
@@ -91,7 +91,7 @@ impl Proxy {
                 .pool_timer(hyper_util::rt::TokioTimer::new())
                 .pool_idle_timeout(Duration::from_secs(60))
                 .build(connector),
-            upstream,
+            upstream: Upstream::new(&upstream),
             client_proto: if client_tls { "https" } else { "http" },
             timeout,
             trust_forwarded,
@@ -122,14 +122,91 @@ fn plain_only() -> rustls::ClientConfig {
         .unwrap_or_else(|_| unreachable!("ring supports the default protocol versions"))
 }
 
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+
 /// Forwarding headers a client could forge.
-const FORWARDING: [&str; 5] = [
-    "forwarded",
-    "x-forwarded-for",
-    "x-forwarded-host",
-    "x-forwarded-proto",
-    "x-real-ip",
+const FORWARDING: [HeaderName; 5] = [
+    header::FORWARDED,
+    X_FORWARDED_FOR,
+    X_FORWARDED_HOST,
+    X_FORWARDED_PROTO,
+    HeaderName::from_static("x-real-ip"),
 ];
+
+/// The client at the other end of one connection, with the text the
+/// forwarding headers give it, written once per connection rather than
+/// once per request: the front service puts it in every request's
+/// extensions.
+#[derive(Clone, Debug)]
+pub(crate) struct Peer(Arc<PeerText>);
+
+#[derive(Debug)]
+struct PeerText {
+    /// The address as `X-Forwarded-For` lists it.
+    address: HeaderValue,
+    /// The address as an RFC 7239 node: IPv6 quoted and in brackets.
+    node: String,
+}
+
+impl Peer {
+    pub(crate) fn new(addr: SocketAddr) -> Peer {
+        let ip = addr.ip();
+        let text = ip.to_string();
+        let node = if ip.is_ipv6() {
+            format!("\"[{text}]\"")
+        } else {
+            text.clone()
+        };
+        // An address's text is digits, dots, colons and hex letters.
+        let address = HeaderValue::try_from(text)
+            .unwrap_or_else(|_| unreachable!("an IP address is a valid header value"));
+        Peer(Arc::new(PeerText { address, node }))
+    }
+}
+
+/// The upstream's scheme, authority and path prefix, taken apart once.
+struct Upstream {
+    scheme: Scheme,
+    /// `None` for an upstream URL without one, which the configuration
+    /// refuses (a target is then never built: 502).
+    authority: Option<Authority>,
+    /// The upstream URL's path without its trailing slashes: prefixed to
+    /// every request's path.
+    base: String,
+}
+
+impl Upstream {
+    fn new(upstream: &Uri) -> Upstream {
+        Upstream {
+            scheme: upstream.scheme().cloned().unwrap_or(Scheme::HTTP),
+            authority: upstream.authority().cloned(),
+            base: upstream.path().trim_end_matches('/').to_owned(),
+        }
+    }
+
+    /// Where a request for `uri` goes: the upstream's scheme and
+    /// authority, its path prefix, then the request's path and query.
+    fn target(&self, uri: &Uri) -> Option<Uri> {
+        let path_and_query = match (self.base.is_empty(), uri.path_and_query()) {
+            // No prefix: the request's own, already parsed.
+            (true, Some(p)) => p.clone(),
+            (_, rest) => {
+                let rest = rest.map_or("/", PathAndQuery::as_str);
+                let mut joined = String::with_capacity(self.base.len() + rest.len());
+                joined.push_str(&self.base);
+                joined.push_str(rest);
+                PathAndQuery::try_from(joined).ok()?
+            }
+        };
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = Some(self.scheme.clone());
+        parts.authority = Some(self.authority.clone()?);
+        parts.path_and_query = Some(path_and_query);
+        Uri::from_parts(parts).ok()
+    }
+}
 
 /// `value` as an RFC 7230 quoted-string, or `None` if it holds a byte a
 /// quoted-string cannot (controls other than tab).
@@ -156,17 +233,17 @@ fn quoted(value: &str) -> Option<String> {
 /// names it), which then gets none of the gateway's.
 fn set_forwarding(
     headers: &mut HeaderMap,
-    peer: Option<std::net::IpAddr>,
+    peer: Option<&Peer>,
     host: Option<&str>,
     proto: &'static str,
     trust: bool,
 ) {
     if !trust {
-        for name in FORWARDING {
+        for name in &FORWARDING {
             headers.remove(name);
         }
     }
-    let Some(peer) = peer else {
+    let Some(Peer(peer)) = peer else {
         return;
     };
     // Only a Host that is a plain host[:port] is passed on (an authority
@@ -174,35 +251,47 @@ fn set_forwarding(
     let host = host.filter(|h| {
         h.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"-.:[]_".contains(&b))
-            && h.parse::<http::uri::Authority>().is_ok()
+            && h.parse::<Authority>().is_ok()
     });
-    let xff = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
-        Some(prev) => format!("{prev}, {peer}"),
-        None => peer.to_string(),
+    let xff = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+        Some(prev) => {
+            let address = peer.address.as_bytes();
+            let mut list = Vec::with_capacity(prev.len() + 2 + address.len());
+            list.extend_from_slice(prev.as_bytes());
+            list.extend_from_slice(b", ");
+            list.extend_from_slice(address);
+            HeaderValue::try_from(list).ok()
+        }
+        None => Some(peer.address.clone()),
     };
-    if let Ok(v) = HeaderValue::from_str(&xff) {
-        headers.insert("x-forwarded-for", v);
+    if let Some(v) = xff {
+        headers.insert(X_FORWARDED_FOR, v);
     }
-    if !trust || !headers.contains_key("x-forwarded-proto") {
-        headers.insert("x-forwarded-proto", HeaderValue::from_static(proto));
+    if !trust || !headers.contains_key(&X_FORWARDED_PROTO) {
+        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
     }
     if let Some(h) = host
-        && (!trust || !headers.contains_key("x-forwarded-host"))
+        && (!trust || !headers.contains_key(&X_FORWARDED_HOST))
         && let Ok(v) = HeaderValue::from_str(h)
     {
-        headers.insert("x-forwarded-host", v);
+        headers.insert(X_FORWARDED_HOST, v);
     }
-    let node = if peer.is_ipv6() {
-        format!("\"[{peer}]\"")
-    } else {
-        peer.to_string()
-    };
-    let mut element = format!("for={node};proto={proto}");
-    if let Some(h) = host.and_then(quoted) {
+    let quoted_host = host.and_then(quoted);
+    let mut element = String::with_capacity(
+        "for=;proto=;host=".len()
+            + peer.node.len()
+            + proto.len()
+            + quoted_host.as_ref().map_or(0, String::len),
+    );
+    element.push_str("for=");
+    element.push_str(&peer.node);
+    element.push_str(";proto=");
+    element.push_str(proto);
+    if let Some(h) = quoted_host {
         element.push_str(";host=");
         element.push_str(&h);
     }
-    if let Ok(v) = HeaderValue::from_str(&element) {
+    if let Ok(v) = HeaderValue::try_from(element) {
         headers.append(header::FORWARDED, v);
     }
 }
@@ -259,12 +348,24 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 /// Removes hop-by-hop headers and those `Connection` names, except the
 /// `protected` ones.
 fn strip_hop_by_hop(headers: &mut HeaderMap, protected: &[HeaderName]) {
+    // Most requests and answers carry none (or only `Connection:
+    // keep-alive`): one pass over their names instead of a removal each.
+    if !headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
+        return;
+    }
     let listed: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::try_from(n.trim()).ok())
+        .map(str::trim)
+        // Hop-by-hop names go below in any case.
+        .filter(|n| {
+            !HOP_BY_HOP
+                .iter()
+                .any(|h| n.eq_ignore_ascii_case(h.as_str()))
+        })
+        .filter_map(|n| HeaderName::try_from(n).ok())
         .filter(|n| !protected.contains(n))
         .collect();
     for name in HOP_BY_HOP.iter().chain(listed.iter()) {
@@ -289,21 +390,35 @@ fn problem(status: StatusCode, kind: &str, title: &'static str, detail: &str) ->
     idem_http::Problem::idem(status, kind, title, detail).into_response()
 }
 
-impl Forwarder {
-    fn target(&self, uri: &Uri) -> Option<Uri> {
-        let base = self.upstream.path().trim_end_matches('/');
-        let rest = uri.path_and_query().map_or("/", |p| p.as_str());
-        Uri::builder()
-            .scheme(self.upstream.scheme_str().unwrap_or("http"))
-            .authority(self.upstream.authority()?.as_str())
-            .path_and_query(format!("{base}{rest}"))
-            .build()
-            .ok()
-    }
+/// What the upstream gets of the headers of a request from `peer`: no
+/// hop-by-hop headers (but the `protected` ones), the gateway's
+/// forwarding headers, and no Host (the client's is forwarded; the
+/// upstream's is the client library's). Host goes last: removing a header
+/// moves the last one into its place, so the order the upstream sees is
+/// what it always was.
+fn rewrite_headers(
+    headers: &mut HeaderMap,
+    peer: Option<&Peer>,
+    protected: &[HeaderName],
+    proto: &'static str,
+    trust: bool,
+) {
+    let original_host = headers.get(header::HOST).cloned();
+    strip_hop_by_hop(headers, protected);
+    set_forwarding(
+        headers,
+        peer,
+        original_host.as_ref().and_then(|h| h.to_str().ok()),
+        proto,
+        trust,
+    );
+    headers.remove(header::HOST);
+}
 
+impl Forwarder {
     async fn forward(&self, req: Request<Body>) -> Response<Body> {
         let (mut parts, body) = req.into_parts();
-        let Some(target) = self.target(&parts.uri) else {
+        let Some(target) = self.upstream.target(&parts.uri) else {
             return problem(
                 StatusCode::BAD_GATEWAY,
                 "bad-upstream-url",
@@ -311,25 +426,14 @@ impl Forwarder {
                 "the request could not be mapped onto the upstream",
             );
         };
-        let peer = parts
-            .extensions
-            .get::<ConnectInfo<SocketAddr>>()
-            .map(|c| c.0.ip());
         let keyed = parts.extensions.get::<IdempotencyContext>().is_some();
-        let original_host = parts
-            .headers
-            .get(header::HOST)
-            .and_then(|h| h.to_str().ok())
-            .map(str::to_owned);
-        strip_hop_by_hop(&mut parts.headers, &self.protected);
-        set_forwarding(
+        rewrite_headers(
             &mut parts.headers,
-            peer,
-            original_host.as_deref(),
+            parts.extensions.get::<Peer>(),
+            &self.protected,
             self.client_proto,
             self.trust_forwarded,
         );
-        parts.headers.remove(header::HOST);
         parts.uri = target;
         let request = Request::from_parts(parts, body);
         let deadline = Instant::now() + self.timeout;
@@ -394,7 +498,13 @@ impl Service<Request<Body>> for Proxy {
 
 #[cfg(test)]
 mod tests {
-    use super::{FORWARDING, HOP_BY_HOP};
+    use super::{
+        FORWARDING, HOP_BY_HOP, Peer, Upstream, rewrite_headers, set_forwarding, strip_hop_by_hop,
+    };
+    use http::header::{self, HeaderName};
+    use http::{HeaderMap, HeaderValue, Uri};
+    use proptest::prelude::*;
+    use std::net::{IpAddr, SocketAddr};
 
     /// `--key-header` refuses every header this proxy strips or rewrites:
     /// a key there would not reach the upstream as the client sent it.
@@ -402,11 +512,294 @@ mod tests {
     fn the_key_header_is_never_one_the_proxy_strips_or_rewrites() {
         let hop_by_hop = HOP_BY_HOP;
         let stripped = hop_by_hop.iter().map(|h| h.as_str());
-        for name in stripped.chain(FORWARDING).chain(["host"]) {
+        for name in stripped
+            .chain(FORWARDING.iter().map(HeaderName::as_str))
+            .chain(["host"])
+        {
             assert!(
                 crate::config::key_header(Some(name.to_owned()), &[]).is_err(),
                 "{name}"
             );
         }
+    }
+
+    // The oracles below are the forwarding code as it was before the
+    // upstream's parts and the peer's text were prepared once (formatted
+    // and parsed per request); what the upstream receives must not change.
+
+    fn target_per_request(upstream: &Uri, uri: &Uri) -> Option<Uri> {
+        let base = upstream.path().trim_end_matches('/');
+        let rest = uri.path_and_query().map_or("/", |p| p.as_str());
+        Uri::builder()
+            .scheme(upstream.scheme_str().unwrap_or("http"))
+            .authority(upstream.authority()?.as_str())
+            .path_and_query(format!("{base}{rest}"))
+            .build()
+            .ok()
+    }
+
+    fn forwarding_per_request(
+        headers: &mut HeaderMap,
+        peer: Option<IpAddr>,
+        host: Option<&str>,
+        proto: &'static str,
+        trust: bool,
+    ) {
+        if !trust {
+            for name in [
+                "forwarded",
+                "x-forwarded-for",
+                "x-forwarded-host",
+                "x-forwarded-proto",
+                "x-real-ip",
+            ] {
+                headers.remove(name);
+            }
+        }
+        let Some(peer) = peer else {
+            return;
+        };
+        let host = host.filter(|h| {
+            h.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-.:[]_".contains(&b))
+                && h.parse::<http::uri::Authority>().is_ok()
+        });
+        let xff = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+            Some(prev) => format!("{prev}, {peer}"),
+            None => peer.to_string(),
+        };
+        if let Ok(v) = HeaderValue::from_str(&xff) {
+            headers.insert("x-forwarded-for", v);
+        }
+        if !trust || !headers.contains_key("x-forwarded-proto") {
+            headers.insert("x-forwarded-proto", HeaderValue::from_static(proto));
+        }
+        if let Some(h) = host
+            && (!trust || !headers.contains_key("x-forwarded-host"))
+            && let Ok(v) = HeaderValue::from_str(h)
+        {
+            headers.insert("x-forwarded-host", v);
+        }
+        let node = if peer.is_ipv6() {
+            format!("\"[{peer}]\"")
+        } else {
+            peer.to_string()
+        };
+        let mut element = format!("for={node};proto={proto}");
+        if let Some(h) = host.and_then(super::quoted) {
+            element.push_str(";host=");
+            element.push_str(&h);
+        }
+        if let Ok(v) = HeaderValue::from_str(&element) {
+            headers.append(header::FORWARDED, v);
+        }
+    }
+
+    fn strip_per_request(headers: &mut HeaderMap, protected: &[HeaderName]) {
+        let listed: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|n| HeaderName::try_from(n.trim()).ok())
+            .filter(|n| !protected.contains(n))
+            .collect();
+        for name in HOP_BY_HOP.iter().chain(listed.iter()) {
+            headers.remove(name);
+        }
+    }
+
+    /// Every (name, value) pair in order, values as bytes: equal maps
+    /// print equal.
+    fn pairs(headers: &HeaderMap) -> Vec<(String, Vec<u8>)> {
+        headers
+            .iter()
+            .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
+            .collect()
+    }
+
+    /// The headers a generated request carries (values a header cannot
+    /// hold left out), and the protected names: the key's and
+    /// `Content-Type`, or none.
+    fn request_headers(
+        headers: &[(&'static str, &'static str)],
+        protect: bool,
+    ) -> (HeaderMap, Vec<HeaderName>) {
+        let mut map = HeaderMap::new();
+        for (name, value) in headers {
+            if let Ok(v) = HeaderValue::from_bytes(value.as_bytes()) {
+                map.append(*name, v);
+            }
+        }
+        let protected = if protect {
+            vec![
+                HeaderName::from_static("idempotency-key"),
+                header::CONTENT_TYPE,
+            ]
+        } else {
+            Vec::new()
+        };
+        (map, protected)
+    }
+
+    fn upstream_url() -> impl Strategy<Value = String> {
+        (
+            prop::sample::select(vec!["http", "https"]),
+            prop::sample::select(vec!["up:8080", "10.0.0.1", "[::1]:9", "Svc.Local"]),
+            prop::sample::select(vec!["", "/", "/api", "/api/", "/a/b//", "/%20x"]),
+        )
+            .prop_map(|(s, a, p)| format!("{s}://{a}{p}"))
+    }
+
+    /// A request target as hyper hands it over: origin form, absolute
+    /// form (with or without a path), asterisk and authority form, with
+    /// path and query bytes a `Uri` may or may not accept.
+    fn request_target() -> impl Strategy<Value = String> {
+        let path = "(/[-a-zA-Z0-9._~%!$&'()*+,;=:@{}|^`\"]{0,6}){0,4}/?";
+        let query = prop::option::of("[-a-zA-Z0-9._~%!$&'()*+,;=:@/?{}|^#]{0,10}");
+        let built = (
+            path,
+            query,
+            prop::sample::select(vec!["", "http://client.example", "https://h:1", "HTTP://X"]),
+        )
+            .prop_map(|(p, q, abs)| {
+                let p = if p.is_empty() && abs.is_empty() {
+                    "/".to_owned()
+                } else {
+                    p
+                };
+                match q {
+                    Some(q) => format!("{abs}{p}?{q}"),
+                    None => format!("{abs}{p}"),
+                }
+            });
+        prop_oneof![
+            4 => built,
+            1 => prop::sample::select(vec![
+                "*", "h:1", "client.example:443", "/a#frag", "/?", "/a?b#c", "http://h",
+            ]).prop_map(str::to_owned),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn the_target_is_what_formatting_it_per_request_gave(
+            upstream in upstream_url(),
+            target in request_target(),
+        ) {
+            let upstream: Uri = upstream.parse().unwrap();
+            let Ok(uri) = target.parse::<Uri>() else {
+                return Ok(());
+            };
+            let now = Upstream::new(&upstream).target(&uri);
+            let before = target_per_request(&upstream, &uri);
+            prop_assert_eq!(
+                now.as_ref().map(ToString::to_string),
+                before.as_ref().map(ToString::to_string)
+            );
+            prop_assert_eq!(
+                now.as_ref().and_then(Uri::path_and_query).map(|p| p.as_str().to_owned()),
+                before.as_ref().and_then(Uri::path_and_query).map(|p| p.as_str().to_owned())
+            );
+        }
+
+        /// The whole rewrite, header order included: Host, the
+        /// hop-by-hop headers, the forwarding headers, then Host gone.
+        #[test]
+        fn request_headers_are_rewritten_as_formatting_them_per_request_did(
+            peer in prop::option::of(prop::sample::select(vec![
+                "127.0.0.1:5000", "10.1.2.3:1", "[::1]:80", "[2001:db8::7]:443",
+                "[::ffff:10.0.0.1]:9", "0.0.0.0:0",
+            ])),
+            proto in prop::sample::select(vec!["http", "https"]),
+            trust in any::<bool>(),
+            protect in any::<bool>(),
+            headers in prop::collection::vec(
+                (
+                    prop::sample::select(vec![
+                        "host", "connection", "keep-alive", "te", "upgrade",
+                        "x-forwarded-for", "forwarded", "x-forwarded-host",
+                        "x-forwarded-proto", "x-real-ip", "idempotency-key",
+                        "content-type", "x-private", "user-agent",
+                    ]),
+                    prop::sample::select(vec![
+                        "api.example:8443", "h", "[::1]:80", "a,b", "x\"y", "h h", "",
+                        "10.9.9.9", "1.1.1.1, 2.2.2.2", "a\tb", "caf\u{e9}",
+                        "host", "x-forwarded-for", "TE", "Transfer-Encoding\t,x-private",
+                        "keep-alive", "close, Upgrade", "idempotency-key, content-type",
+                        "for=1.2.3.4", "https",
+                    ]),
+                ),
+                0..10,
+            ),
+        ) {
+            let peer: Option<SocketAddr> = peer.map(|p| p.parse().unwrap());
+            let (mut map, protected) = request_headers(&headers, protect);
+            let mut before = map.clone();
+            rewrite_headers(&mut map, peer.map(Peer::new).as_ref(), &protected, proto, trust);
+            let host = before
+                .get(header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .map(str::to_owned);
+            strip_per_request(&mut before, &protected);
+            forwarding_per_request(
+                &mut before,
+                peer.map(|p| p.ip()),
+                host.as_deref(),
+                proto,
+                trust,
+            );
+            before.remove(header::HOST);
+            prop_assert_eq!(pairs(&map), pairs(&before));
+        }
+
+        #[test]
+        fn hop_by_hop_stripping_is_what_it_was(
+            headers in prop::collection::vec(
+                (prop::sample::select(vec![
+                    "connection", "keep-alive", "te", "trailer", "transfer-encoding",
+                    "upgrade", "proxy-authorization", "x-private", "close", "content-type",
+                    "idempotency-key", "x-other",
+                ]), prop::sample::select(vec![
+                    "keep-alive", "close", "x-private", "Keep-Alive, X-Private",
+                    " upgrade ,te", "idempotency-key", "content-type, x-other", "",
+                    ",,", "bad name", "caf\u{e9}",
+                ])),
+                0..8,
+            ),
+            protect in any::<bool>(),
+        ) {
+            let (mut map, protected) = request_headers(&headers, protect);
+            let mut before = map.clone();
+            strip_hop_by_hop(&mut map, &protected);
+            strip_per_request(&mut before, &protected);
+            prop_assert_eq!(pairs(&map), pairs(&before));
+        }
+    }
+
+    #[test]
+    fn an_upstream_without_an_authority_has_no_target() {
+        let upstream = Uri::from_static("/only/a/path");
+        let uri = Uri::from_static("/x");
+        assert!(Upstream::new(&upstream).target(&uri).is_none());
+        assert!(target_per_request(&upstream, &uri).is_none());
+    }
+
+    #[test]
+    fn the_peer_is_written_as_each_header_names_it() {
+        let mut headers = HeaderMap::new();
+        let peer = Peer::new("[2001:db8::7]:443".parse().unwrap());
+        set_forwarding(&mut headers, Some(&peer), Some("api:1"), "https", false);
+        assert_eq!(headers["x-forwarded-for"], "2001:db8::7");
+        assert_eq!(
+            headers[header::FORWARDED],
+            "for=\"[2001:db8::7]\";proto=https;host=\"api:1\""
+        );
+        let mut headers = HeaderMap::new();
+        headers.insert("x-forwarded-for", HeaderValue::from_static("10.0.0.9"));
+        let peer = Peer::new("127.0.0.1:9".parse().unwrap());
+        set_forwarding(&mut headers, Some(&peer), None, "http", true);
+        assert_eq!(headers["x-forwarded-for"], "10.0.0.9, 127.0.0.1");
+        assert_eq!(headers[header::FORWARDED], "for=127.0.0.1;proto=http");
     }
 }

@@ -12,14 +12,13 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::task::{Context, Poll};
 
-use axum::extract::ConnectInfo;
 use futures_util::future::{Either, Ready, ready};
 use http::{Request, Response, StatusCode};
 use http_body::Body as HttpBody;
 use idem_http::{Body, BoxError, Idempotency, ReadPath, ResponseFuture};
 use tower::Service;
 
-use super::proxy::Proxy;
+use super::proxy::{Peer, Proxy};
 
 /// Where the read path is mounted: `/_idem/records/{key}`, one segment.
 const READ_PATH: &str = "/_idem/records/";
@@ -41,7 +40,7 @@ impl Front {
     pub(crate) fn for_peer(&self, peer: SocketAddr) -> Gateway {
         Gateway {
             front: self.clone(),
-            peer,
+            peer: Peer::new(peer),
         }
     }
 }
@@ -52,7 +51,7 @@ impl Front {
 #[derive(Clone)]
 pub(crate) struct Gateway {
     front: Front,
-    peer: SocketAddr,
+    peer: Peer,
 }
 
 type ReadFuture = <ReadPath as Service<Request<()>>>::Future;
@@ -94,7 +93,7 @@ where
             .into_response();
             return Either::Left(ready(Ok(refused)));
         }
-        req.extensions_mut().insert(ConnectInfo(self.peer));
+        req.extensions_mut().insert(self.peer.clone());
         if is_read_path(req.uri().path()) {
             return Either::Right(Either::Left(self.front.read_path.call(req)));
         }
