@@ -253,16 +253,21 @@ fn set_forwarding(
             .all(|b| b.is_ascii_alphanumeric() || b"-.:[]_".contains(&b))
             && h.parse::<Authority>().is_ok()
     });
-    let xff = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-        Some(prev) => {
-            let address = peer.address.as_bytes();
-            let mut list = Vec::with_capacity(prev.len() + 2 + address.len());
+    // A trusted proxy's list, on as many lines as it sent (one list, as
+    // RFC 9110 reads repeated lines), then this client. Untrusted, the
+    // client's lines were removed above.
+    let mut list = Vec::new();
+    for prev in headers.get_all(&X_FORWARDED_FOR) {
+        if let Ok(prev) = prev.to_str() {
             list.extend_from_slice(prev.as_bytes());
             list.extend_from_slice(b", ");
-            list.extend_from_slice(address);
-            HeaderValue::try_from(list).ok()
         }
-        None => Some(peer.address.clone()),
+    }
+    let xff = if list.is_empty() {
+        Some(peer.address.clone())
+    } else {
+        list.extend_from_slice(peer.address.as_bytes());
+        HeaderValue::try_from(list).ok()
     };
     if let Some(v) = xff {
         headers.insert(X_FORWARDED_FOR, v);
@@ -564,9 +569,17 @@ mod tests {
                 .all(|b| b.is_ascii_alphanumeric() || b"-.:[]_".contains(&b))
                 && h.parse::<http::uri::Authority>().is_ok()
         });
-        let xff = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
-            Some(prev) => format!("{prev}, {peer}"),
-            None => peer.to_string(),
+        // Not as it was: the code before kept only the first of a
+        // trusted proxy's X-Forwarded-For lines; every line is kept now.
+        let lines: Vec<&str> = headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect();
+        let xff = if lines.is_empty() {
+            peer.to_string()
+        } else {
+            format!("{}, {peer}", lines.join(", "))
         };
         if let Ok(v) = HeaderValue::from_str(&xff) {
             headers.insert("x-forwarded-for", v);
@@ -801,5 +814,31 @@ mod tests {
         set_forwarding(&mut headers, Some(&peer), None, "http", true);
         assert_eq!(headers["x-forwarded-for"], "10.0.0.9, 127.0.0.1");
         assert_eq!(headers[header::FORWARDED], "for=127.0.0.1;proto=http");
+    }
+
+    /// A trusted proxy that sends its list on several lines loses none of
+    /// them (the first alone used to be kept); an untrusted client's lines
+    /// are all dropped.
+    #[test]
+    fn every_x_forwarded_for_line_of_a_trusted_proxy_is_kept() {
+        let peer = Peer::new("127.0.0.1:9".parse().unwrap());
+        let client_lines = || {
+            let mut headers = HeaderMap::new();
+            for line in ["10.0.0.1, 10.0.0.2", "10.0.0.3", "caf\u{e9}"] {
+                headers.append(
+                    "x-forwarded-for",
+                    HeaderValue::from_bytes(line.as_bytes()).unwrap(),
+                );
+            }
+            headers
+        };
+        let mut trusted = client_lines();
+        set_forwarding(&mut trusted, Some(&peer), None, "http", true);
+        let lines: Vec<_> = trusted.get_all("x-forwarded-for").iter().collect();
+        assert_eq!(lines, ["10.0.0.1, 10.0.0.2, 10.0.0.3, 127.0.0.1"]);
+        let mut untrusted = client_lines();
+        set_forwarding(&mut untrusted, Some(&peer), None, "http", false);
+        let lines: Vec<_> = untrusted.get_all("x-forwarded-for").iter().collect();
+        assert_eq!(lines, ["127.0.0.1"]);
     }
 }
