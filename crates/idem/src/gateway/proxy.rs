@@ -166,6 +166,20 @@ impl Peer {
     }
 }
 
+/// `uri`'s host, with its port unless the scheme's default (80 for http,
+/// 443 for https and wss): the rule hyper-util's client writes `Host` by.
+fn host_of(uri: &Uri) -> Option<HeaderValue> {
+    let host = uri.host()?;
+    let secure = matches!(uri.scheme_str(), Some("https" | "wss"));
+    let value = match uri.port() {
+        Some(port) if !matches!((port.as_u16(), secure), (443, true) | (80, false)) => {
+            format!("{host}:{port}")
+        }
+        _ => host.to_owned(),
+    };
+    HeaderValue::try_from(value).ok()
+}
+
 /// The upstream's scheme, authority and path prefix, taken apart once.
 struct Upstream {
     scheme: Scheme,
@@ -175,6 +189,11 @@ struct Upstream {
     /// The upstream URL's path without its trailing slashes: prefixed to
     /// every request's path.
     base: String,
+    /// The `Host` every request to it carries: the URL's host, and its
+    /// port unless that is the scheme's default. The client library
+    /// writes the same from the request's URI when a request has none,
+    /// formatting it each time.
+    host: Option<HeaderValue>,
 }
 
 impl Upstream {
@@ -183,6 +202,7 @@ impl Upstream {
             scheme: upstream.scheme().cloned().unwrap_or(Scheme::HTTP),
             authority: upstream.authority().cloned(),
             base: upstream.path().trim_end_matches('/').to_owned(),
+            host: host_of(upstream),
         }
     }
 
@@ -397,13 +417,14 @@ fn problem(status: StatusCode, kind: &str, title: &'static str, detail: &str) ->
 
 /// What the upstream gets of the headers of a request from `peer`: no
 /// hop-by-hop headers (but the `protected` ones), the gateway's
-/// forwarding headers, and no Host (the client's is forwarded; the
-/// upstream's is the client library's). Host goes last: removing a header
+/// forwarding headers, and the upstream's own `Host` (the client's is
+/// forwarded), last. The client's Host is removed last: removing a header
 /// moves the last one into its place, so the order the upstream sees is
 /// what it always was.
 fn rewrite_headers(
     headers: &mut HeaderMap,
     peer: Option<&Peer>,
+    upstream_host: Option<&HeaderValue>,
     protected: &[HeaderName],
     proto: &'static str,
     trust: bool,
@@ -418,6 +439,9 @@ fn rewrite_headers(
         trust,
     );
     headers.remove(header::HOST);
+    if let Some(host) = upstream_host {
+        headers.insert(header::HOST, host.clone());
+    }
 }
 
 impl Forwarder {
@@ -435,6 +459,7 @@ impl Forwarder {
         rewrite_headers(
             &mut parts.headers,
             parts.extensions.get::<Peer>(),
+            self.upstream.host.as_ref(),
             &self.protected,
             self.client_proto,
             self.trust_forwarded,
@@ -749,7 +774,15 @@ mod tests {
             let peer: Option<SocketAddr> = peer.map(|p| p.parse().unwrap());
             let (mut map, protected) = request_headers(&headers, protect);
             let mut before = map.clone();
-            rewrite_headers(&mut map, peer.map(Peer::new).as_ref(), &protected, proto, trust);
+            let upstream_host = HeaderValue::from_static("up:8080");
+            rewrite_headers(
+                &mut map,
+                peer.map(Peer::new).as_ref(),
+                Some(&upstream_host),
+                &protected,
+                proto,
+                trust,
+            );
             let host = before
                 .get(header::HOST)
                 .and_then(|h| h.to_str().ok())
@@ -763,6 +796,8 @@ mod tests {
                 trust,
             );
             before.remove(header::HOST);
+            // What hyper-util's client then added, a request having none.
+            before.entry(header::HOST).or_insert(upstream_host);
             prop_assert_eq!(pairs(&map), pairs(&before));
         }
 
@@ -787,6 +822,31 @@ mod tests {
             strip_hop_by_hop(&mut map, &protected);
             strip_per_request(&mut before, &protected);
             prop_assert_eq!(pairs(&map), pairs(&before));
+        }
+    }
+
+    /// The Host the upstream gets is what hyper-util's client wrote from
+    /// the request's URI (`set_host`): the port unless the scheme's default.
+    #[test]
+    fn the_upstream_host_is_the_client_librarys() {
+        for (url, host) in [
+            ("http://up:8080/api", "up:8080"),
+            ("http://up:80", "up"),
+            ("http://up", "up"),
+            ("http://up:443", "up:443"),
+            ("https://up:443/", "up"),
+            ("https://up:80", "up:80"),
+            ("https://up", "up"),
+            ("http://[::1]:9", "[::1]:9"),
+            ("http://[::1]:80", "[::1]"),
+            ("http://Up.Example:08080", "Up.Example:8080"),
+        ] {
+            let upstream = Upstream::new(&url.parse().unwrap());
+            assert_eq!(
+                upstream.host.as_ref().map(HeaderValue::as_bytes),
+                Some(host.as_bytes()),
+                "{url}"
+            );
         }
     }
 
