@@ -112,9 +112,11 @@ count() {
     [ -n "$ready" ] || { cat "$WORK/idem-$mode.log" >&2; echo "bench: the gateway did not start ($mode)" >&2; exit 1; }
     local run="$RANDOM$RANDOM"
     python3 "$WORK/client.py" "$port" "$mode" "$WARM" "$run"
-    callgrind_control -z "$pid" >/dev/null 2>&1
+    callgrind_control -z "$pid" >/dev/null 2>&1 ||
+        { echo "bench: callgrind_control -z failed ($mode)" >&2; exit 1; }
     python3 "$WORK/client.py" "$port" "$mode" "$N" "$run-measured"
-    callgrind_control -d "$pid" >/dev/null 2>&1
+    callgrind_control -d "$pid" >/dev/null 2>&1 ||
+        { echo "bench: callgrind_control -d failed ($mode)" >&2; exit 1; }
     kill "$pid"; wait "$pid" 2>/dev/null || true
     local total
     total="$(sed -n 's/^summary: //p' "$WORK"/cg."$mode".* | tail -1)"

@@ -274,12 +274,17 @@ fn set_forwarding(
             && h.parse::<Authority>().is_ok()
     });
     // A trusted proxy's list, on as many lines as it sent (one list, as
-    // RFC 9110 reads repeated lines), then this client. Untrusted, the
-    // client's lines were removed above.
+    // RFC 9110 reads repeated lines), then this client, on one line.
+    // Every byte of it is kept: a client behind that proxy could
+    // otherwise put one byte that is not visible ASCII in its own part of
+    // a line and have the proxy's record of its address dropped with it.
+    // Blank lines name nobody. Untrusted, the client's lines were removed
+    // above.
     let mut list = Vec::new();
     for prev in headers.get_all(&X_FORWARDED_FOR) {
-        if let Ok(prev) = prev.to_str() {
-            list.extend_from_slice(prev.as_bytes());
+        let prev = prev.as_bytes().trim_ascii();
+        if !prev.is_empty() {
+            list.extend_from_slice(prev);
             list.extend_from_slice(b", ");
         }
     }
@@ -373,8 +378,9 @@ const HOP_BY_HOP: [HeaderName; 8] = [
 /// Removes hop-by-hop headers and those `Connection` names, except the
 /// `protected` ones.
 fn strip_hop_by_hop(headers: &mut HeaderMap, protected: &[HeaderName]) {
-    // Most requests and answers carry none (or only `Connection:
-    // keep-alive`): one pass over their names instead of a removal each.
+    // Most requests and answers carry none (those with `Connection`,
+    // even `keep-alive` alone, take the long way): one pass over their
+    // names instead of a removal each.
     if !headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
         return;
     }
@@ -595,18 +601,20 @@ mod tests {
                 && h.parse::<http::uri::Authority>().is_ok()
         });
         // Not as it was: the code before kept only the first of a
-        // trusted proxy's X-Forwarded-For lines; every line is kept now.
-        let lines: Vec<&str> = headers
+        // trusted proxy's X-Forwarded-For lines, and only if it was
+        // visible ASCII; every non-blank line is kept now, bytes as sent.
+        let lines: Vec<&[u8]> = headers
             .get_all("x-forwarded-for")
             .iter()
-            .filter_map(|v| v.to_str().ok())
+            .map(|v| v.as_bytes().trim_ascii())
+            .filter(|v| !v.is_empty())
             .collect();
         let xff = if lines.is_empty() {
-            peer.to_string()
+            peer.to_string().into_bytes()
         } else {
-            format!("{}, {peer}", lines.join(", "))
+            [lines.join(&b", "[..]), format!(", {peer}").into_bytes()].concat()
         };
-        if let Ok(v) = HeaderValue::from_str(&xff) {
+        if let Ok(v) = HeaderValue::from_bytes(&xff) {
             headers.insert("x-forwarded-for", v);
         }
         if !trust || !headers.contains_key("x-forwarded-proto") {
@@ -825,6 +833,53 @@ mod tests {
         }
     }
 
+    /// hyper-util 0.1.21's `set_host` with its `get_non_default_port`,
+    /// as it wrote Host from every request's URI: the oracle of
+    /// [`super::host_of`].
+    fn host_per_request(uri: &Uri) -> Option<String> {
+        let hostname = uri.host()?;
+        let secure = uri
+            .scheme_str()
+            .map(|s| matches!(s, "wss" | "https"))
+            .unwrap_or_default();
+        let port = match (uri.port().map(|p| p.as_u16()), secure) {
+            (Some(443), true) | (Some(80), false) => None,
+            _ => uri.port(),
+        };
+        Some(match port {
+            Some(port) => format!("{hostname}:{port}"),
+            None => hostname.to_owned(),
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn the_upstream_host_is_what_the_client_library_wrote(
+            scheme in prop::sample::select(vec!["http", "https", "HTTP", "HttpS"]),
+            host in prop::sample::select(vec![
+                "up", "Up.Example", "10.0.0.1", "[::1]", "[2001:DB8::7]", "a-b.c_d",
+            ]),
+            port in prop::option::of(prop::sample::select(vec![
+                "80", "443", "8080", "08080", "0", "65535", "",
+            ])),
+            path in prop::sample::select(vec!["", "/", "/api/"]),
+        ) {
+            let url = match port {
+                Some(p) => format!("{scheme}://{host}:{p}{path}"),
+                None => format!("{scheme}://{host}{path}"),
+            };
+            let Ok(uri) = url.parse::<Uri>() else {
+                return Ok(());
+            };
+            let now = Upstream::new(&uri).host;
+            prop_assert_eq!(
+                now.as_ref().map(|h| h.as_bytes().to_vec()),
+                host_per_request(&uri).map(String::into_bytes),
+                "{}", url
+            );
+        }
+    }
+
     /// The Host the upstream gets is what hyper-util's client wrote from
     /// the request's URI (`set_host`): the port unless the scheme's default.
     #[test]
@@ -877,14 +932,15 @@ mod tests {
     }
 
     /// A trusted proxy that sends its list on several lines loses none of
-    /// them (the first alone used to be kept); an untrusted client's lines
-    /// are all dropped.
+    /// them (the first alone used to be kept, and only if it was visible
+    /// ASCII), blank lines aside; an untrusted client's lines are all
+    /// dropped.
     #[test]
     fn every_x_forwarded_for_line_of_a_trusted_proxy_is_kept() {
         let peer = Peer::new("127.0.0.1:9".parse().unwrap());
         let client_lines = || {
             let mut headers = HeaderMap::new();
-            for line in ["10.0.0.1, 10.0.0.2", "10.0.0.3", "caf\u{e9}"] {
+            for line in ["10.0.0.1, 10.0.0.2", " ", "10.0.0.3", "caf\u{e9}, 10.0.0.4"] {
                 headers.append(
                     "x-forwarded-for",
                     HeaderValue::from_bytes(line.as_bytes()).unwrap(),
@@ -895,7 +951,10 @@ mod tests {
         let mut trusted = client_lines();
         set_forwarding(&mut trusted, Some(&peer), None, "http", true);
         let lines: Vec<_> = trusted.get_all("x-forwarded-for").iter().collect();
-        assert_eq!(lines, ["10.0.0.1, 10.0.0.2, 10.0.0.3, 127.0.0.1"]);
+        assert_eq!(
+            lines,
+            ["10.0.0.1, 10.0.0.2, 10.0.0.3, caf\u{e9}, 10.0.0.4, 127.0.0.1".as_bytes()]
+        );
         let mut untrusted = client_lines();
         set_forwarding(&mut untrusted, Some(&peer), None, "http", false);
         let lines: Vec<_> = untrusted.get_all("x-forwarded-for").iter().collect();
