@@ -39,7 +39,8 @@ trap cleanup EXIT
 
 
 # The upstream: HTTP/1.1 keep-alive, 201 and a small JSON body for every
-# request (200 for GET), its body read and dropped.
+# request (200 for GET), its body read and dropped; its answers carry
+# `Connection: keep-alive`, as nginx's do.
 cat >"$WORK/upstream.py" <<'PY'
 import http.server, sys
 class H(http.server.BaseHTTPRequestHandler):
@@ -51,6 +52,8 @@ class H(http.server.BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(body)))
+        # As nginx and most servers answer an HTTP/1.1 keep-alive request.
+        self.send_header("connection", "keep-alive")
         self.end_headers()
         self.wfile.write(body)
     def do_POST(self):
