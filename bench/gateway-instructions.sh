@@ -9,8 +9,9 @@
 # The upstream and the client are Python processes (an HTTP/1.1
 # keep-alive server answering 201 with a small JSON body, and a
 # keep-alive client sending requests one at a time on one connection),
-# so nothing but the gateway runs under valgrind. For each mode the gateway starts on a
-# fresh store, serves IDEM_BENCH_WARM requests (default 200: connections,
+# so nothing but the gateway runs under valgrind. For each mode the
+# gateway starts on a fresh store, serves IDEM_BENCH_WARM requests
+# (default 200: connections,
 # the pool, lazily built state), has its counters zeroed
 # (callgrind_control -z), serves IDEM_BENCH_N more (default 2000), and is
 # dumped: the figure is the dump's total over N. Idle-time work (timers,
@@ -36,7 +37,6 @@ cleanup() {
     rm -rf "$WORK"
 }
 trap cleanup EXIT
-
 
 # The upstream: HTTP/1.1 keep-alive, 201 and a small JSON body for every
 # request (200 for GET), its body read and dropped; its answers carry
