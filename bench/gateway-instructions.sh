@@ -11,8 +11,8 @@
 # keep-alive client sending requests one at a time on one connection),
 # so nothing but the gateway runs under valgrind. For each mode the
 # gateway starts on a fresh store, serves IDEM_BENCH_WARM requests
-# (default 200: connections,
-# the pool, lazily built state), has its counters zeroed
+# (default 200: connections, the pool, lazily built state), has its
+# counters zeroed
 # (callgrind_control -z), serves IDEM_BENCH_N more (default 2000), and is
 # dumped: the figure is the dump's total over N. Idle-time work (timers,
 # the sweeper) lands in it too, which is small beside the requests.
