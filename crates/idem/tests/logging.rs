@@ -203,7 +203,7 @@ async fn a_request_whose_client_hung_up_is_still_logged() {
 
     let hash = idem_core::Key::new(k.as_str()).unwrap().log_id();
     let events = json_lines(&stderr);
-    let ends: Vec<(&str, u64)> = events
+    let mut ends: Vec<(&str, u64)> = events
         .iter()
         .filter(|e| e["message"] == "request finished" && e["key"] == hash.as_str())
         .filter(|e| e["outcome"] != "conflict")
@@ -214,6 +214,10 @@ async fn a_request_whose_client_hung_up_is_still_logged() {
             )
         })
         .collect();
+    // Each event once, in any order: the execution stores its record
+    // before it logs its end, so the retry's replay may be logged first
+    // (the two are written by different threads).
+    ends.sort_unstable();
     assert_eq!(ends, [("executed", 201), ("replayed", 201)], "{stderr}");
 }
 
