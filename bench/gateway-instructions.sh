@@ -20,6 +20,8 @@
 # Modes (IDEM_BENCH_MODES, default all): passthrough (GET, no key),
 # memory-new, memory-replay, sqlite-new (new keys: a key per request;
 # replays: one key). IDEM_BENCH_BIN: another idem binary (before/after).
+# IDEM_BENCH_KEEP: a directory to copy the callgrind dumps into, for
+# callgrind_annotate.
 set -euo pipefail
 shopt -s inherit_errexit
 cd "$(dirname "$0")/.."
@@ -124,6 +126,10 @@ count() {
     local total
     total="$(sed -n 's/^summary: //p' "$WORK"/cg."$mode".* | tail -1)"
     [ -n "$total" ] || { echo "bench: no callgrind dump ($mode)" >&2; exit 1; }
+    if [ -n "${IDEM_BENCH_KEEP:-}" ]; then
+        mkdir -p "$IDEM_BENCH_KEEP"
+        cp "$WORK"/cg."$mode".* "$IDEM_BENCH_KEEP"/
+    fi
     printf '%-16s %14s\n' "$mode" "$(( total / N ))"
 }
 

@@ -2,6 +2,7 @@
 
 mod admin;
 mod listener;
+mod pool;
 mod proxy;
 mod routes;
 mod spread;

@@ -1,4 +1,4 @@
-//! Forwarding to the upstream over a pooled hyper client.
+//! Forwarding to the upstream over the serving thread's [`Pool`].
 //!
 //! What the upstream receives is built here, not copied: hop-by-hop
 //! headers go, `Host` is the upstream's, and the forwarding headers
@@ -25,14 +25,15 @@ use futures_util::future::BoxFuture;
 use http::header::{self, HeaderName};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri};
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use idem_http::{Body, BoxError, IdempotencyContext, OutcomeUnknown, boxed};
 use std::future::Future as _;
 use tokio::time::{Instant, Sleep};
 use tower::Service;
+
+use super::pool::{Pool, SendError};
+
+/// How long an upstream connection may stay idle before it is closed.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Forwards requests to one upstream. Cheap to clone (the service is
 /// cloned for every request).
@@ -40,7 +41,7 @@ use tower::Service;
 pub(crate) struct Proxy(Arc<Forwarder>);
 
 struct Forwarder {
-    client: Client<HttpsConnector<HttpConnector>, Body>,
+    pool: Arc<Pool>,
     upstream: Upstream,
     /// `https` when the gateway's own listener speaks TLS, else `http`:
     /// what the forwarding headers say the client used.
@@ -65,33 +66,17 @@ impl Proxy {
         key_header: &HeaderName,
         scope_headers: &[HeaderName],
     ) -> Proxy {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(timeout.min(Duration::from_secs(5))));
-        // The connector must let the https scheme through to the TLS layer.
-        connector.enforce_http(false);
-        let connector = match tls {
-            // Only https: a redirect-free proxy never changes scheme, and
-            // an https upstream must never be reached in plain text.
-            Some(tls) => HttpsConnectorBuilder::new()
-                .with_tls_config(tls)
-                .https_only()
-                .enable_http1()
-                .wrap_connector(connector),
-            None => HttpsConnectorBuilder::new()
-                .with_tls_config(plain_only())
-                .https_or_http()
-                .enable_http1()
-                .wrap_connector(connector),
-        };
+        let upstream = Upstream::new(&upstream);
+        // An upstream URL without an authority is never connected to.
+        let origin = upstream.origin.clone().unwrap_or_default();
         Proxy(Arc::new(Forwarder {
-            client: Client::builder(TokioExecutor::new())
-                // Without a timer the idle timeout is never checked, and a
-                // quiet thread's idle connections would stay open.
-                .pool_timer(hyper_util::rt::TokioTimer::new())
-                .pool_idle_timeout(Duration::from_secs(60))
-                .build(connector),
-            upstream: Upstream::new(&upstream),
+            pool: Pool::new(
+                origin,
+                tls,
+                timeout.min(Duration::from_secs(5)),
+                IDLE_TIMEOUT,
+            ),
+            upstream,
             client_proto: if client_tls { "https" } else { "http" },
             timeout,
             trust_forwarded,
@@ -107,19 +92,6 @@ impl Proxy {
             .collect(),
         }))
     }
-}
-
-/// The TLS configuration of an `http://` upstream's connector, which never
-/// uses it (the upstream URL is fixed at start): no roots, so an https
-/// connection through it could not succeed.
-fn plain_only() -> rustls::ClientConfig {
-    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .map(|b| {
-            b.with_root_certificates(rustls::RootCertStore::empty())
-                .with_no_client_auth()
-        })
-        .unwrap_or_else(|_| unreachable!("ring supports the default protocol versions"))
 }
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -180,35 +152,42 @@ fn host_of(uri: &Uri) -> Option<HeaderValue> {
     HeaderValue::try_from(value).ok()
 }
 
-/// The upstream's scheme, authority and path prefix, taken apart once.
+/// The upstream's origin and path prefix, taken apart once.
 struct Upstream {
-    scheme: Scheme,
-    /// `None` for an upstream URL without one, which the configuration
-    /// refuses (a target is then never built: 502).
-    authority: Option<Authority>,
+    /// Its scheme and authority, where connections go; `None` for an
+    /// upstream URL without an authority, which the configuration refuses
+    /// (a target is then never built: 502).
+    origin: Option<Uri>,
     /// The upstream URL's path without its trailing slashes: prefixed to
     /// every request's path.
     base: String,
     /// The `Host` every request to it carries: the URL's host, and its
-    /// port unless that is the scheme's default. The client library
-    /// writes the same from the request's URI when a request has none,
-    /// formatting it each time.
+    /// port unless that is the scheme's default (the rule hyper-util's
+    /// client wrote it by, formatting it for each request).
     host: Option<HeaderValue>,
 }
 
 impl Upstream {
     fn new(upstream: &Uri) -> Upstream {
+        let origin = upstream.authority().and_then(|authority| {
+            let mut parts = http::uri::Parts::default();
+            parts.scheme = Some(upstream.scheme().cloned().unwrap_or(Scheme::HTTP));
+            parts.authority = Some(authority.clone());
+            parts.path_and_query = Some(PathAndQuery::from_static("/"));
+            Uri::from_parts(parts).ok()
+        });
         Upstream {
-            scheme: upstream.scheme().cloned().unwrap_or(Scheme::HTTP),
-            authority: upstream.authority().cloned(),
+            origin,
             base: upstream.path().trim_end_matches('/').to_owned(),
             host: host_of(upstream),
         }
     }
 
-    /// Where a request for `uri` goes: the upstream's scheme and
-    /// authority, its path prefix, then the request's path and query.
+    /// Where a request for `uri` goes on the upstream's connection, in
+    /// origin form (RFC 9112 section 3.2.1): the upstream's path prefix,
+    /// then the request's path and query.
     fn target(&self, uri: &Uri) -> Option<Uri> {
+        self.origin.as_ref()?;
         let path_and_query = match (self.base.is_empty(), uri.path_and_query()) {
             // No prefix: the request's own, already parsed.
             (true, Some(p)) => p.clone(),
@@ -220,11 +199,7 @@ impl Upstream {
                 PathAndQuery::try_from(joined).ok()?
             }
         };
-        let mut parts = http::uri::Parts::default();
-        parts.scheme = Some(self.scheme.clone());
-        parts.authority = Some(self.authority.clone()?);
-        parts.path_and_query = Some(path_and_query);
-        Uri::from_parts(parts).ok()
+        Some(Uri::from(path_and_query))
     }
 }
 
@@ -453,6 +428,17 @@ fn rewrite_headers(
 impl Forwarder {
     async fn forward(&self, req: Request<Body>) -> Response<Body> {
         let (mut parts, body) = req.into_parts();
+        if parts.method == http::Method::CONNECT {
+            // A tunnel is not a request to the service: its bytes would
+            // pass unread by the layer, and the upstream's connection
+            // would be given over to one client.
+            return problem(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method-not-allowed",
+                "Method not allowed",
+                "The gateway does not open tunnels (CONNECT).",
+            );
+        }
         let Some(target) = self.upstream.target(&parts.uri) else {
             return problem(
                 StatusCode::BAD_GATEWAY,
@@ -473,7 +459,7 @@ impl Forwarder {
         parts.uri = target;
         let request = Request::from_parts(parts, body);
         let deadline = Instant::now() + self.timeout;
-        match tokio::time::timeout_at(deadline, self.client.request(request)).await {
+        match tokio::time::timeout_at(deadline, self.pool.send(request)).await {
             Ok(Ok(resp)) => {
                 let (mut parts, body) = resp.into_parts();
                 strip_hop_by_hop(&mut parts.headers, &[]);
@@ -489,8 +475,8 @@ impl Forwarder {
                 };
                 Response::from_parts(parts, body)
             }
-            Ok(Err(e)) if e.is_connect() => {
-                tracing::warn!(error = %chain(&e), "upstream unreachable");
+            Ok(Err(SendError::NotSent(e))) => {
+                tracing::warn!(error = %chain(&*e), "upstream unreachable");
                 problem(
                     StatusCode::BAD_GATEWAY,
                     "upstream-unreachable",
@@ -498,7 +484,7 @@ impl Forwarder {
                     "The service behind the gateway could not be reached; the request was not forwarded. Retry with the same key.",
                 )
             }
-            Ok(Err(e)) => {
+            Ok(Err(SendError::Failed(e))) => {
                 tracing::warn!(error = %chain(&e), "upstream failed");
                 unknown(problem(
                     StatusCode::BAD_GATEWAY,
@@ -737,16 +723,22 @@ mod tests {
             let Ok(uri) = target.parse::<Uri>() else {
                 return Ok(());
             };
+            // The old client wrote the absolute target in origin form
+            // on the wire: its path and query, as a URI of those alone
+            // displays them (hyper writes the request line with
+            // `Display`, which shows an empty path as `/`).
             let now = Upstream::new(&upstream).target(&uri);
-            let before = target_per_request(&upstream, &uri);
-            prop_assert_eq!(
-                now.as_ref().map(ToString::to_string),
-                before.as_ref().map(ToString::to_string)
-            );
+            let before = target_per_request(&upstream, &uri)
+                .and_then(|b| b.path_and_query().cloned());
             prop_assert_eq!(
                 now.as_ref().and_then(Uri::path_and_query).map(|p| p.as_str().to_owned()),
-                before.as_ref().and_then(Uri::path_and_query).map(|p| p.as_str().to_owned())
+                before.as_ref().map(|p| p.as_str().to_owned())
             );
+            prop_assert_eq!(
+                now.as_ref().map(ToString::to_string),
+                before.map(|p| Uri::from(p).to_string())
+            );
+            prop_assert!(now.is_none_or(|t| t.scheme().is_none() && t.authority().is_none()));
         }
 
         /// The whole rewrite, header order included: Host, the

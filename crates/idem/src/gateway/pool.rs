@@ -1,0 +1,517 @@
+//! The connections of one serving thread to the one upstream.
+//!
+//! The gateway talks to a single origin, and each serving thread has a
+//! pool of its own (a connection's task runs on the thread that opened
+//! it). So the pool is a stack of idle HTTP/1 connections, last in first
+//! out, behind a lock that only its own thread takes: no pool key to hash
+//! and compare, no waiters to wake, and no task spawned to return a
+//! connection once it is ready again (hyper-util's general-purpose pool
+//! did all three for every request; BENCHMARKS.md, "The gateway's own
+//! upstream pool").
+//!
+//! What that pool did for safety, this one does too:
+//! - A request is sent again only when hyper hands it back unsent (the
+//!   connection closed before it was written) and the connection had
+//!   served before: an idle connection the upstream closed. One that was
+//!   written, even in part, is never sent twice.
+//! - Idle connections are closed after the idle timeout, by a task of the
+//!   thread's own, so a thread that goes quiet does not hold them open.
+//!
+//! Not a general client: one origin, HTTP/1 only, no proxies, and the
+//! caller writes `Host` and the origin-form target.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+use http::{Request, Response, Uri};
+use hyper::body::Incoming;
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::connect::HttpConnector;
+use idem_http::{Body, BoxError, boxed};
+use tokio::time::Instant;
+use tower::ServiceExt as _;
+
+/// Idle connections kept, past which a returned one is closed: more than
+/// a thread has requests in flight under any load this gateway takes.
+const MAX_IDLE: usize = 1024;
+
+/// Why a request got no answer.
+#[derive(Debug)]
+pub(crate) enum SendError {
+    /// Nothing of it reached the upstream: no connection could be made,
+    /// or a new one closed before the request was written.
+    NotSent(BoxError),
+    /// It was written, at least in part: the upstream may have acted.
+    Failed(hyper::Error),
+}
+
+/// One serving thread's connections to the upstream.
+pub(crate) struct Pool {
+    connector: HttpsConnector<HttpConnector>,
+    /// The upstream's scheme and authority: where a connection goes.
+    origin: Uri,
+    /// Oldest first; taken from the end.
+    idle: Mutex<Vec<Idle>>,
+    idle_timeout: Duration,
+    /// Set once the task that closes expired idle connections runs.
+    reaping: AtomicBool,
+}
+
+struct Idle {
+    sender: SendRequest<Body>,
+    since: Instant,
+}
+
+impl Pool {
+    /// A pool of connections to `origin` (scheme and authority); `tls`
+    /// is how an `https://` one is checked (`None` for `http://`).
+    pub(crate) fn new(
+        origin: Uri,
+        tls: Option<rustls::ClientConfig>,
+        connect_timeout: Duration,
+        idle_timeout: Duration,
+    ) -> Arc<Pool> {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(connect_timeout));
+        // The connector must let the https scheme through to the TLS layer.
+        connector.enforce_http(false);
+        let connector = match tls {
+            // Only https: a redirect-free proxy never changes scheme, and
+            // an https upstream must never be reached in plain text.
+            Some(tls) => HttpsConnectorBuilder::new()
+                .with_tls_config(tls)
+                .https_only()
+                .enable_http1()
+                .wrap_connector(connector),
+            None => HttpsConnectorBuilder::new()
+                .with_tls_config(plain_only())
+                .https_or_http()
+                .enable_http1()
+                .wrap_connector(connector),
+        };
+        Arc::new(Pool {
+            connector,
+            origin,
+            idle: Mutex::new(Vec::new()),
+            idle_timeout,
+            reaping: AtomicBool::new(false),
+        })
+    }
+
+    /// Sends `request` (origin-form, with its `Host`) on an idle
+    /// connection, or a new one. The answer's connection goes back to the
+    /// pool when its body is done or dropped.
+    pub(crate) async fn send(
+        self: &Arc<Self>,
+        mut request: Request<Body>,
+    ) -> Result<Response<Body>, SendError> {
+        loop {
+            let (mut sender, reused) = match self.checkout() {
+                Some(sender) => (sender, true),
+                None => (self.connect().await?, false),
+            };
+            match sender.try_send_request(request).await {
+                Ok(response) => return Ok(self.returning(sender, response)),
+                Err(mut e) => match e.take_message() {
+                    // An idle connection the upstream closed: try another.
+                    // Each pass takes one connection out of the pool, and
+                    // a new one ends the loop.
+                    Some(unsent) if reused => request = unsent,
+                    Some(_) => return Err(SendError::NotSent(e.into_error().into())),
+                    None => return Err(SendError::Failed(e.into_error())),
+                },
+            }
+        }
+    }
+
+    /// The newest idle connection that can take a request now. Closed
+    /// ones are dropped on the way; one still finishing its last exchange
+    /// is left for later.
+    fn checkout(&self) -> Option<SendRequest<Body>> {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut i = idle.len();
+        while i > 0 {
+            i -= 1;
+            if idle[i].sender.is_ready() {
+                return Some(idle.remove(i).sender);
+            }
+            if idle[i].sender.is_closed() {
+                idle.remove(i);
+            }
+        }
+        None
+    }
+
+    async fn connect(self: &Arc<Self>) -> Result<SendRequest<Body>, SendError> {
+        self.start_reaping();
+        let io = self
+            .connector
+            .clone()
+            .oneshot(self.origin.clone())
+            .await
+            .map_err(SendError::NotSent)?;
+        let (mut sender, connection) = http1::handshake(io)
+            .await
+            .map_err(|e| SendError::NotSent(e.into()))?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "upstream connection ended");
+            }
+        });
+        sender
+            .ready()
+            .await
+            .map_err(|e| SendError::NotSent(e.into()))?;
+        Ok(sender)
+    }
+
+    /// `response` with its connection: back in the pool now if the
+    /// exchange is over (the whole answer was read with its head), else
+    /// once its body is done or dropped.
+    fn returning(
+        self: &Arc<Self>,
+        sender: SendRequest<Body>,
+        response: Response<Incoming>,
+    ) -> Response<Body> {
+        if sender.is_ready() {
+            self.put(sender);
+            return response.map(boxed);
+        }
+        response.map(|body| {
+            boxed(Returning {
+                body,
+                home: Some((sender, self.clone())),
+            })
+        })
+    }
+
+    fn put(&self, sender: SendRequest<Body>) {
+        if sender.is_closed() {
+            return;
+        }
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        if idle.len() < MAX_IDLE {
+            idle.push(Idle {
+                sender,
+                since: Instant::now(),
+            });
+        }
+    }
+
+    /// Starts, once, the task that closes connections idle longer than
+    /// the timeout, on the calling thread's runtime (the pool's own). It
+    /// ends with the pool.
+    fn start_reaping(self: &Arc<Self>) {
+        if self.reaping.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let pool = Arc::downgrade(self);
+        let every = (self.idle_timeout / 4).max(Duration::from_millis(10));
+        tokio::spawn(reap(pool, every));
+    }
+
+    /// Drops closed connections and those idle for the timeout or longer.
+    fn close_expired(&self, now: Instant) {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        idle.retain(|e| !e.sender.is_closed() && now.duration_since(e.since) < self.idle_timeout);
+    }
+
+    #[cfg(test)]
+    fn idle_count(&self) -> usize {
+        self.idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+}
+
+/// The TLS configuration of an `http://` upstream's connector, which never
+/// uses it (the upstream URL is fixed at start): no roots, so an https
+/// connection through it could not succeed.
+fn plain_only() -> rustls::ClientConfig {
+    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .map(|b| {
+            b.with_root_certificates(rustls::RootCertStore::empty())
+                .with_no_client_auth()
+        })
+        .unwrap_or_else(|_| unreachable!("ring supports the default protocol versions"))
+}
+
+async fn reap(pool: Weak<Pool>, every: Duration) {
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(pool) = pool.upgrade() else {
+            return;
+        };
+        pool.close_expired(Instant::now());
+    }
+}
+
+/// An answer's body that gives its connection back to the pool when it
+/// is dropped, done or not: hyper decides whether the connection can
+/// take another request, and one it closes is never handed out.
+struct Returning {
+    body: Incoming,
+    home: Option<(SendRequest<Body>, Arc<Pool>)>,
+}
+
+impl Drop for Returning {
+    fn drop(&mut self) {
+        if let Some((sender, pool)) = self.home.take() {
+            pool.put(sender);
+        }
+    }
+}
+
+impl http_body::Body for Returning {
+    type Data = bytes::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, hyper::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use http::{HeaderValue, Request, StatusCode, Uri, header};
+    use http_body_util::BodyExt as _;
+    use idem_http::{Body, full};
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    use tokio::net::{TcpListener, TcpStream};
+    use tokio::sync::mpsc;
+
+    use super::{Pool, SendError};
+
+    /// What the hand-written upstream does after reading a request head.
+    #[derive(Clone, Copy)]
+    enum Then {
+        /// Answers and keeps the connection.
+        Answer,
+        /// Answers, then closes the connection without saying so.
+        AnswerAndClose,
+        /// Closes the connection without answering.
+        Hang,
+    }
+
+    /// An upstream on a raw socket that counts the connections it
+    /// accepted and the request heads it read, and reports a
+    /// connection's end on `closed` (its client closed it, or it closed
+    /// it after answering).
+    struct Upstream {
+        origin: Uri,
+        accepted: Arc<AtomicUsize>,
+        requests: Arc<AtomicUsize>,
+        closed: mpsc::UnboundedReceiver<()>,
+    }
+
+    async fn upstream(then: Then) -> Upstream {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let origin = format!("http://{}", listener.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        let (accepted, requests) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (tell, closed) = mpsc::unbounded_channel();
+        let (a, r) = (accepted.clone(), requests.clone());
+        tokio::spawn(async move {
+            loop {
+                let (socket, _) = listener.accept().await.unwrap();
+                a.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(serve(socket, then, r.clone(), tell.clone()));
+            }
+        });
+        Upstream {
+            origin,
+            accepted,
+            requests,
+            closed,
+        }
+    }
+
+    async fn serve(
+        mut socket: TcpStream,
+        then: Then,
+        requests: Arc<AtomicUsize>,
+        closed: mpsc::UnboundedSender<()>,
+    ) {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 1024];
+        loop {
+            let n = socket.read(&mut chunk).await.unwrap_or(0);
+            if n == 0 {
+                let _ = closed.send(());
+                return;
+            }
+            buf.extend_from_slice(&chunk[..n]);
+            // Requests here have no body: a head ends one.
+            while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                buf.drain(..end + 4);
+                requests.fetch_add(1, Ordering::SeqCst);
+                if let Then::Hang = then {
+                    return;
+                }
+                let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                if socket.write_all(answer).await.is_err() {
+                    return;
+                }
+                if let Then::AnswerAndClose = then {
+                    drop(socket);
+                    let _ = closed.send(());
+                    return;
+                }
+            }
+        }
+    }
+
+    fn pool(up: &Upstream, idle_timeout: Duration) -> Arc<Pool> {
+        Pool::new(
+            up.origin.clone(),
+            None,
+            Duration::from_secs(5),
+            idle_timeout,
+        )
+    }
+
+    fn get() -> Request<Body> {
+        let mut request = Request::new(full(""));
+        *request.uri_mut() = Uri::from_static("/x");
+        request
+            .headers_mut()
+            .insert(header::HOST, HeaderValue::from_static("up"));
+        request
+    }
+
+    async fn ok(pool: &Arc<Pool>) {
+        let response = pool.send(get()).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], b"ok");
+    }
+
+    #[tokio::test]
+    async fn one_connection_serves_requests_one_after_another() {
+        let up = upstream(Then::Answer).await;
+        let pool = pool(&up, Duration::from_secs(60));
+        for _ in 0..5 {
+            ok(&pool).await;
+        }
+        assert_eq!(up.requests.load(Ordering::SeqCst), 5);
+        assert_eq!(up.accepted.load(Ordering::SeqCst), 1);
+        assert_eq!(pool.idle_count(), 1);
+    }
+
+    /// Requests at once each get a connection; afterwards every one is
+    /// idle and reused, and none is opened again.
+    #[tokio::test]
+    async fn concurrent_requests_open_connections_that_are_then_reused() {
+        let up = upstream(Then::Answer).await;
+        let pool = pool(&up, Duration::from_secs(60));
+        let at_once = futures_util::future::join_all((0..8).map(|_| ok(&pool)));
+        at_once.await;
+        let opened = up.accepted.load(Ordering::SeqCst);
+        assert!((1..=8).contains(&opened), "{opened}");
+        for _ in 0..8 {
+            ok(&pool).await;
+        }
+        assert_eq!(up.accepted.load(Ordering::SeqCst), opened);
+        assert_eq!(up.requests.load(Ordering::SeqCst), 16);
+    }
+
+    /// An upstream that closes each connection after its answer: every
+    /// request is answered, each reaches it once, and no closed
+    /// connection is kept.
+    #[tokio::test]
+    async fn connections_the_upstream_closes_are_not_reused() {
+        let mut up = upstream(Then::AnswerAndClose).await;
+        let pool = pool(&up, Duration::from_secs(60));
+        for n in 1..=5 {
+            ok(&pool).await;
+            assert_eq!(up.requests.load(Ordering::SeqCst), n);
+            up.closed.recv().await.unwrap();
+        }
+        assert_eq!(up.accepted.load(Ordering::SeqCst), 5);
+    }
+
+    /// A request the upstream read before the connection failed may have
+    /// been acted on: it is reported, not sent again.
+    #[tokio::test]
+    async fn a_request_that_was_written_is_never_sent_again() {
+        let up = upstream(Then::Hang).await;
+        let pool = pool(&up, Duration::from_secs(60));
+        // Twice: the second on a fresh connection, as the first closed.
+        for n in 1..=2 {
+            match pool.send(get()).await {
+                Err(SendError::Failed(_)) => {}
+                other => panic!("{:?}", other.map(|r| r.status())),
+            }
+            assert_eq!(up.requests.load(Ordering::SeqCst), n);
+            assert_eq!(up.accepted.load(Ordering::SeqCst), n);
+        }
+    }
+
+    #[tokio::test]
+    async fn an_upstream_that_is_not_listening_is_not_sent_anything() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let origin: Uri = format!("http://{}", listener.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        drop(listener);
+        let pool = Pool::new(
+            origin,
+            None,
+            Duration::from_secs(5),
+            Duration::from_secs(60),
+        );
+        assert!(matches!(pool.send(get()).await, Err(SendError::NotSent(_))));
+    }
+
+    /// A quiet pool closes its idle connections after the idle timeout:
+    /// the upstream sees them end.
+    #[tokio::test]
+    async fn idle_connections_are_closed_after_the_idle_timeout() {
+        let mut up = upstream(Then::Answer).await;
+        let pool = pool(&up, Duration::from_millis(200));
+        ok(&pool).await;
+        assert_eq!(pool.idle_count(), 1);
+        let closed = tokio::time::timeout(Duration::from_secs(20), up.closed.recv()).await;
+        assert!(matches!(closed, Ok(Some(()))), "not closed");
+        assert_eq!(pool.idle_count(), 0);
+        // And the next request opens a new one.
+        ok(&pool).await;
+        assert_eq!(up.accepted.load(Ordering::SeqCst), 2);
+    }
+
+    /// An answer whose body is dropped unread gives its connection back
+    /// only if hyper can still use it; the next request is answered
+    /// either way and reaches the upstream once.
+    #[tokio::test]
+    async fn an_answer_dropped_unread_loses_no_request() {
+        let up = upstream(Then::Answer).await;
+        let pool = pool(&up, Duration::from_secs(60));
+        for n in 1..=4 {
+            let response = pool.send(get()).await.unwrap();
+            drop(response);
+            ok(&pool).await;
+            assert_eq!(up.requests.load(Ordering::SeqCst), 2 * n);
+        }
+    }
+}
