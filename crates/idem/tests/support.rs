@@ -356,6 +356,16 @@ pub fn upstream_app() -> Router {
                 s.per_key.lock().unwrap().get(&key).copied().unwrap_or(0).to_string()
             }),
         )
+        // Any other method or path is counted too (and answered as axum
+        // would), so a test can tell that a request reached the upstream.
+        .fallback(|State(s): State<Arc<Counts>>, headers: HeaderMap| async move {
+            count(&s, &headers);
+            StatusCode::NOT_FOUND
+        })
+        .method_not_allowed_fallback(|State(s): State<Arc<Counts>>, headers: HeaderMap| async move {
+            count(&s, &headers);
+            StatusCode::METHOD_NOT_ALLOWED
+        })
         .with_state(state)
 }
 

@@ -14,8 +14,9 @@
 //!   connection closed before it was written) and the connection had
 //!   served before: an idle connection the upstream closed. One that was
 //!   written, even in part, is never sent twice.
-//! - Idle connections are closed after the idle timeout, by a task of the
-//!   thread's own, so a thread that goes quiet does not hold them open.
+//! - A connection idle for the idle timeout is not used again: a checkout
+//!   passes over it, and a task of the thread's own closes it, so a
+//!   thread that goes quiet does not hold it open either.
 //!
 //! Not a general client: one origin, HTTP/1 only, no proxies, and the
 //! caller writes `Host` and the origin-form target.
@@ -33,8 +34,10 @@ use idem_http::{Body, BoxError, boxed};
 use tokio::time::Instant;
 use tower::ServiceExt as _;
 
-/// Idle connections kept, past which a returned one is closed: more than
-/// a thread has requests in flight under any load this gateway takes.
+/// Connections kept in a thread's pool, past which a returned one is
+/// closed (a returned connection still finishing its exchange counts).
+/// A thread with more requests in flight than this opens connections for
+/// them as before, and closes the extra ones as they come back.
 const MAX_IDLE: usize = 1024;
 
 /// Why a request got no answer.
@@ -103,7 +106,8 @@ impl Pool {
 
     /// Sends `request` (origin-form, with its `Host`) on an idle
     /// connection, or a new one. The answer's connection goes back to the
-    /// pool when its body is done or dropped.
+    /// pool with the answer's head if hyper has read the whole answer by
+    /// then, else when the answer's body is dropped.
     pub(crate) async fn send(
         self: &Arc<Self>,
         mut request: Request<Body>,
@@ -128,14 +132,20 @@ impl Pool {
     }
 
     /// The newest idle connection that can take a request now. Closed
-    /// ones are dropped on the way; one still finishing its last exchange
-    /// is left for later.
+    /// ones are dropped on the way, and one still finishing its last
+    /// exchange is left for later. If the newest ready one has been idle
+    /// for the idle timeout, it and every connection returned before it
+    /// are dropped: the upstream may be closing them.
     fn checkout(&self) -> Option<SendRequest<Body>> {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         let mut i = idle.len();
         while i > 0 {
             i -= 1;
             if idle[i].sender.is_ready() {
+                if idle[i].since.elapsed() >= self.idle_timeout {
+                    idle.drain(..=i);
+                    return None;
+                }
                 return Some(idle.remove(i).sender);
             }
             if idle[i].sender.is_closed() {
@@ -156,15 +166,22 @@ impl Pool {
         let (mut sender, connection) = http1::handshake(io)
             .await
             .map_err(|e| SendError::NotSent(e.into()))?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
+        let task = tokio::spawn(async move {
+            let ended = connection.await;
+            if let Err(e) = &ended {
                 tracing::debug!(error = %e, "upstream connection ended");
             }
+            ended
         });
-        sender
-            .ready()
-            .await
-            .map_err(|e| SendError::NotSent(e.into()))?;
+        if let Err(closed) = sender.ready().await {
+            // The connection ended before it took a request: its task
+            // has the reason.
+            let cause = match task.await {
+                Ok(Err(e)) => e,
+                _ => closed,
+            };
+            return Err(SendError::NotSent(cause.into()));
+        }
         Ok(sender)
     }
 
@@ -182,7 +199,7 @@ impl Pool {
         }
         response.map(|body| {
             boxed(Returning {
-                body,
+                body: Some(body),
                 home: Some((sender, self.clone())),
             })
         })
@@ -193,6 +210,9 @@ impl Pool {
             return;
         }
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        if idle.len() >= MAX_IDLE {
+            idle.retain(|e| !e.sender.is_closed());
+        }
         if idle.len() < MAX_IDLE {
             idle.push(Idle {
                 sender,
@@ -252,15 +272,19 @@ async fn reap(pool: Weak<Pool>, every: Duration) {
 }
 
 /// An answer's body that gives its connection back to the pool when it
-/// is dropped, done or not: hyper decides whether the connection can
-/// take another request, and one it closes is never handed out.
+/// is dropped, read to its end or not: hyper decides whether the
+/// connection can take another request (one whose answer was left unread
+/// is closed), and a checkout takes only one that can.
 struct Returning {
-    body: Incoming,
+    /// Dropped before the connection goes back, so that hyper has seen
+    /// an unread answer abandoned by then.
+    body: Option<Incoming>,
     home: Option<(SendRequest<Body>, Arc<Pool>)>,
 }
 
 impl Drop for Returning {
     fn drop(&mut self) {
+        drop(self.body.take());
         if let Some((sender, pool)) = self.home.take() {
             pool.put(sender);
         }
@@ -275,15 +299,20 @@ impl http_body::Body for Returning {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, hyper::Error>>> {
-        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+        match self.body.as_mut() {
+            Some(body) => std::pin::Pin::new(body).poll_frame(cx),
+            None => std::task::Poll::Ready(None),
+        }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        self.body.as_ref().is_none_or(Incoming::is_end_stream)
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
+        self.body
+            .as_ref()
+            .map_or_else(|| http_body::SizeHint::with_exact(0), Incoming::size_hint)
     }
 }
 
@@ -298,19 +327,24 @@ mod tests {
     use idem_http::{Body, full};
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     use tokio::net::{TcpListener, TcpStream};
-    use tokio::sync::mpsc;
+    use tokio::sync::{Semaphore, mpsc};
 
     use super::{Pool, SendError};
 
     /// What the hand-written upstream does after reading a request head.
-    #[derive(Clone, Copy)]
+    #[derive(Clone)]
     enum Then {
         /// Answers and keeps the connection.
         Answer,
         /// Answers, then closes the connection without saying so.
         AnswerAndClose,
         /// Closes the connection without answering.
-        Hang,
+        CloseUnanswered,
+        /// Answers a connection's first request; closes it, unanswered,
+        /// once it has read the second.
+        AnswerOnceThenCloseUnanswered,
+        /// Sends the answer's head, and its body once a permit is added.
+        AnswerBodyWhenLetGo(Arc<Semaphore>),
     }
 
     /// An upstream on a raw socket that counts the connections it
@@ -336,7 +370,11 @@ mod tests {
             loop {
                 let (socket, _) = listener.accept().await.unwrap();
                 a.fetch_add(1, Ordering::SeqCst);
-                tokio::spawn(serve(socket, then, r.clone(), tell.clone()));
+                let (then, r, tell) = (then.clone(), r.clone(), tell.clone());
+                tokio::spawn(async move {
+                    serve(socket, then, r).await;
+                    let _ = tell.send(());
+                });
             }
         });
         Upstream {
@@ -347,35 +385,41 @@ mod tests {
         }
     }
 
-    async fn serve(
-        mut socket: TcpStream,
-        then: Then,
-        requests: Arc<AtomicUsize>,
-        closed: mpsc::UnboundedSender<()>,
-    ) {
+    /// Serves one connection until either side closes it.
+    async fn serve(mut socket: TcpStream, then: Then, requests: Arc<AtomicUsize>) {
         let mut buf = Vec::new();
         let mut chunk = [0u8; 1024];
         loop {
             let n = socket.read(&mut chunk).await.unwrap_or(0);
             if n == 0 {
-                let _ = closed.send(());
                 return;
             }
             buf.extend_from_slice(&chunk[..n]);
             // Requests here have no body: a head ends one.
             while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
                 buf.drain(..end + 4);
-                requests.fetch_add(1, Ordering::SeqCst);
-                if let Then::Hang = then {
-                    return;
-                }
-                let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-                if socket.write_all(answer).await.is_err() {
+                let seen = requests.fetch_add(1, Ordering::SeqCst) + 1;
+                let head = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n";
+                let written = match &then {
+                    Then::CloseUnanswered => return,
+                    Then::AnswerOnceThenCloseUnanswered if seen > 1 => return,
+                    Then::AnswerBodyWhenLetGo(gate) => {
+                        let head_sent = socket.write_all(head).await;
+                        let Ok(permit) = gate.acquire().await else {
+                            return;
+                        };
+                        permit.forget();
+                        match head_sent {
+                            Ok(()) => socket.write_all(b"ok").await,
+                            Err(e) => Err(e),
+                        }
+                    }
+                    _ => socket.write_all(&[&head[..], b"ok"].concat()).await,
+                };
+                if written.is_err() {
                     return;
                 }
                 if let Then::AnswerAndClose = then {
-                    drop(socket);
-                    let _ = closed.send(());
                     return;
                 }
             }
@@ -455,7 +499,7 @@ mod tests {
     /// been acted on: it is reported, not sent again.
     #[tokio::test]
     async fn a_request_that_was_written_is_never_sent_again() {
-        let up = upstream(Then::Hang).await;
+        let up = upstream(Then::CloseUnanswered).await;
         let pool = pool(&up, Duration::from_secs(60));
         // Twice: the second on a fresh connection, as the first closed.
         for n in 1..=2 {
@@ -468,8 +512,23 @@ mod tests {
         }
     }
 
+    /// The same on a connection that had served before, where an unsent
+    /// request would be tried again: this one was written, so it is not.
     #[tokio::test]
-    async fn an_upstream_that_is_not_listening_is_not_sent_anything() {
+    async fn a_request_written_on_a_reused_connection_is_never_sent_again() {
+        let up = upstream(Then::AnswerOnceThenCloseUnanswered).await;
+        let pool = pool(&up, Duration::from_secs(60));
+        ok(&pool).await;
+        match pool.send(get()).await {
+            Err(SendError::Failed(_)) => {}
+            other => panic!("{:?}", other.map(|r| r.status())),
+        }
+        assert_eq!(up.requests.load(Ordering::SeqCst), 2);
+        assert_eq!(up.accepted.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn an_upstream_that_is_not_listening_is_unreachable() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let origin: Uri = format!("http://{}", listener.local_addr().unwrap())
             .parse()
@@ -500,18 +559,72 @@ mod tests {
         assert_eq!(up.accepted.load(Ordering::SeqCst), 2);
     }
 
-    /// An answer whose body is dropped unread gives its connection back
-    /// only if hyper can still use it; the next request is answered
-    /// either way and reaches the upstream once.
+    /// A connection found idle for the idle timeout at a checkout (the
+    /// closing task has not come round to it yet) is not used: the
+    /// upstream may be closing it at that moment.
     #[tokio::test]
-    async fn an_answer_dropped_unread_loses_no_request() {
-        let up = upstream(Then::Answer).await;
+    async fn a_checkout_passes_over_a_connection_idle_too_long() {
+        let mut up = upstream(Then::Answer).await;
         let pool = pool(&up, Duration::from_secs(60));
-        for n in 1..=4 {
+        ok(&pool).await;
+        ok(&pool).await;
+        assert_eq!(up.accepted.load(Ordering::SeqCst), 1);
+        {
+            let mut idle = pool.idle.lock().unwrap();
+            let long_ago = idle[0].since.checked_sub(Duration::from_secs(60)).unwrap();
+            idle[0].since = long_ago;
+        }
+        ok(&pool).await;
+        assert_eq!(up.accepted.load(Ordering::SeqCst), 2);
+        up.closed.recv().await.unwrap();
+        assert_eq!(pool.idle_count(), 1);
+    }
+
+    /// An answer whose body comes after its head holds its connection
+    /// until the body is dropped; read to its end, the connection is
+    /// used again.
+    #[tokio::test]
+    async fn a_connection_goes_back_when_its_answer_is_read() {
+        let gate = Arc::new(Semaphore::new(0));
+        let up = upstream(Then::AnswerBodyWhenLetGo(gate.clone())).await;
+        let pool = pool(&up, Duration::from_secs(60));
+        for n in 1..=3 {
+            let response = pool.send(get()).await.unwrap();
+            assert_eq!(pool.idle_count(), 0, "the connection is still in use");
+            gate.add_permits(1);
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            assert_eq!(&body[..], b"ok");
+            assert_eq!(pool.idle_count(), 1);
+            assert_eq!(up.requests.load(Ordering::SeqCst), n);
+        }
+        assert_eq!(up.accepted.load(Ordering::SeqCst), 1);
+    }
+
+    /// An answer dropped before its body came closes its connection
+    /// (hyper cannot tell where the next answer would start): it is not
+    /// handed out again, and the next request gets a new one and reaches
+    /// the upstream once.
+    #[tokio::test]
+    async fn a_connection_whose_answer_was_dropped_unread_is_not_used_again() {
+        let gate = Arc::new(Semaphore::new(0));
+        let mut up = upstream(Then::AnswerBodyWhenLetGo(gate.clone())).await;
+        let pool = pool(&up, Duration::from_secs(60));
+        for n in 1..=3 {
             let response = pool.send(get()).await.unwrap();
             drop(response);
-            ok(&pool).await;
+            // The upstream sends the body into the closing connection and
+            // sees it end.
+            gate.add_permits(1);
+            up.closed.recv().await.unwrap();
+            gate.add_permits(1);
+            let next = pool.send(get()).await.unwrap();
+            let body = next.into_body().collect().await.unwrap().to_bytes();
+            assert_eq!(&body[..], b"ok");
             assert_eq!(up.requests.load(Ordering::SeqCst), 2 * n);
+            // A new connection for each request after a dropped answer;
+            // the one that answered it is idle, and the next round's
+            // first request takes it.
+            assert_eq!(up.accepted.load(Ordering::SeqCst), n + 1);
         }
     }
 }

@@ -432,12 +432,18 @@ impl Forwarder {
             // A tunnel is not a request to the service: its bytes would
             // pass unread by the layer, and the upstream's connection
             // would be given over to one client.
-            return problem(
+            let mut refused = problem(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method-not-allowed",
                 "Method not allowed",
                 "The gateway does not open tunnels (CONNECT).",
             );
+            // Every other method is forwarded.
+            refused.headers_mut().insert(
+                header::ALLOW,
+                HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS, TRACE"),
+            );
+            return refused;
         }
         let Some(target) = self.upstream.target(&parts.uri) else {
             return problem(
