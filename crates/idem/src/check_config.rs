@@ -72,6 +72,7 @@ struct Effective {
     body_timeout: String,
     store_timeout: String,
     upstream_timeout: String,
+    upstream_idle_timeout: String,
     shutdown_grace: String,
     sweep_interval: String,
     #[serde(rename = "route", skip_serializing_if = "Vec::is_empty")]
@@ -127,6 +128,7 @@ impl From<&GatewayConfig> for Effective {
             body_timeout: duration(cfg.body_timeout),
             store_timeout: duration(cfg.store_timeout),
             upstream_timeout: duration(cfg.upstream_timeout),
+            upstream_idle_timeout: duration(cfg.upstream_idle_timeout),
             shutdown_grace: duration(cfg.shutdown_grace),
             sweep_interval: duration(cfg.sweep_interval),
             routes: cfg

@@ -230,6 +230,12 @@ pub(crate) struct ServeArgs {
     /// How long to wait for the upstream's answer [default: 25s].
     #[arg(long, env = "IDEM_UPSTREAM_TIMEOUT")]
     pub(crate) upstream_timeout: Option<String>,
+    /// How long an upstream connection may stay idle and still be used
+    /// [default: 60s]. Keep it below the upstream's own keep-alive
+    /// timeout, or a request can meet a connection the upstream is
+    /// closing (502, key held).
+    #[arg(long, env = "IDEM_UPSTREAM_IDLE_TIMEOUT")]
+    pub(crate) upstream_idle_timeout: Option<String>,
     /// How long running requests may finish after SIGTERM [default: 30s].
     #[arg(long, env = "IDEM_SHUTDOWN_GRACE")]
     pub(crate) shutdown_grace: Option<String>,

@@ -58,6 +58,7 @@ pub(crate) struct FileConfig {
     threads: Option<usize>,
     store_timeout: Option<String>,
     upstream_timeout: Option<String>,
+    upstream_idle_timeout: Option<String>,
     shutdown_grace: Option<String>,
     sweep_interval: Option<String>,
     #[serde(default, rename = "route")]
@@ -148,6 +149,7 @@ pub(crate) struct GatewayConfig {
     pub(crate) threads: usize,
     pub(crate) store_timeout: Duration,
     pub(crate) upstream_timeout: Duration,
+    pub(crate) upstream_idle_timeout: Duration,
     pub(crate) shutdown_grace: Duration,
     pub(crate) sweep_interval: Duration,
 }
@@ -654,6 +656,13 @@ impl GatewayConfig {
             Duration::from_millis(1),
             Duration::from_secs(3600),
         ));
+        let upstream_idle_timeout = p.check(bounded_duration(
+            pick(&args.upstream_idle_timeout, &file.upstream_idle_timeout).as_ref(),
+            "upstream-idle-timeout",
+            Duration::from_secs(60),
+            Duration::from_millis(100),
+            Duration::from_secs(3600),
+        ));
         let store_timeout = p.check(bounded_duration(
             pick(&args.store_timeout, &file.store_timeout).as_ref(),
             "store-timeout",
@@ -820,6 +829,7 @@ impl GatewayConfig {
             threads: threads?,
             store_timeout: store_timeout?,
             upstream_timeout: upstream_timeout?,
+            upstream_idle_timeout: upstream_idle_timeout?,
             shutdown_grace: shutdown_grace?,
             sweep_interval: sweep_interval?,
         })

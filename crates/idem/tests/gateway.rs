@@ -873,3 +873,51 @@ async fn a_dead_gateways_claims_are_listed_and_released() {
     reqwest::get(format!("{up}/release")).await.unwrap();
     assert_eq!(retry.await.unwrap().unwrap().status(), 201);
 }
+
+/// `--upstream-idle-timeout` reaches the gateway's upstream pool: a
+/// connection left idle is closed once it passes (the default, 60 s,
+/// would outlast the test's wait), and the next request opens another
+/// and is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_upstream_connections_close_at_the_configured_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = format!("http://{}", listener.local_addr().unwrap());
+    // The upstream answers every request on a connection, then reports
+    // the connection's end.
+    let (ended, mut ends) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        loop {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let ended = ended.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 1024];
+                while let Ok(n @ 1..) = socket.read(&mut chunk).await {
+                    buf.extend_from_slice(&chunk[..n]);
+                    while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        buf.drain(..end + 4);
+                        let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                        if socket.write_all(answer).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                let _ = ended.send(());
+            });
+        }
+    });
+    let g = gateway(&up, "memory:", &["--upstream-idle-timeout", "300ms"]).await;
+    let get = || async {
+        let r = reqwest::get(format!("{}/x", g.base)).await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(r.text().await.unwrap(), "ok");
+    };
+    get().await;
+    let closed = tokio::time::timeout(Duration::from_secs(20), ends.recv()).await;
+    assert!(
+        matches!(closed, Ok(Some(()))),
+        "the idle connection was not closed"
+    );
+    get().await;
+}

@@ -506,6 +506,14 @@ fn out_of_range_settings_are_refused() {
         (&["--threads", "257"][..], "threads"),
         (&["--store-timeout", "1h"][..], "store-timeout"),
         (&["--sweep-interval", "1ms"][..], "sweep-interval"),
+        (
+            &["--upstream-idle-timeout", "0s"][..],
+            "upstream-idle-timeout",
+        ),
+        (
+            &["--upstream-idle-timeout", "2h"][..],
+            "upstream-idle-timeout",
+        ),
     ] {
         let mut full = vec![
             "serve",

@@ -167,6 +167,7 @@ fn check_config_prints_the_effective_settings() {
 upstream = "http://127.0.0.1:3000"
 store = "postgres://idem:s3cret-pw@db.internal/idem"
 ttl = "2h"
+upstream_idle_timeout = "4s"
 [[route]]
 method = "POST"
 path = "/accounts/{id}/transfers"
@@ -189,6 +190,8 @@ fingerprint_fields = ["/amount"]
         "lease = \"45s\"",
         "wait = \"5s\"",
         "max_body = \"1MiB\"",
+        "upstream_idle_timeout = \"4s\"",
+        "upstream_timeout = \"25s\"",
         "listen = \"127.0.0.1:8080\"",
         "[[route]]",
         "path = \"/accounts/{id}/transfers\"",

@@ -76,15 +76,7 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
     // opened it, so sharing one pool would wake the other thread.
     let fronts = (0..cfg.threads)
         .map(|_| {
-            let proxied = layer.layer(proxy::Proxy::new(
-                cfg.upstream.clone(),
-                cfg.upstream_tls.clone(),
-                cfg.tls.is_some(),
-                cfg.upstream_timeout,
-                cfg.trust_forwarded,
-                &cfg.key_header,
-                &cfg.scope_headers,
-            ));
+            let proxied = layer.layer(proxy::Proxy::new(&cfg));
             routes::Front::new(
                 proxied,
                 layer.read_path().anonymous_reads(cfg.anonymous_reads),
@@ -212,6 +204,7 @@ fn log_settings(cfg: &GatewayConfig) {
         lease = ?policy.lease(),
         wait,
         upstream_timeout = ?cfg.upstream_timeout,
+        upstream_idle_timeout = ?cfg.upstream_idle_timeout,
         store_timeout = ?cfg.store_timeout,
         header_timeout = ?cfg.header_timeout,
         body_timeout = ?cfg.body_timeout,

@@ -31,9 +31,7 @@ use tokio::time::{Instant, Sleep};
 use tower::Service;
 
 use super::pool::{Pool, SendError};
-
-/// How long an upstream connection may stay idle before it is closed.
-const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+use crate::config::GatewayConfig;
 
 /// Forwards requests to one upstream. Cheap to clone (the service is
 /// cloned for every request).
@@ -55,40 +53,32 @@ struct Forwarder {
 }
 
 impl Proxy {
-    /// A proxy to `upstream`; `tls` is how an `https://` upstream is
-    /// checked (`None` for `http://`).
-    pub(crate) fn new(
-        upstream: Uri,
-        tls: Option<rustls::ClientConfig>,
-        client_tls: bool,
-        timeout: Duration,
-        trust_forwarded: bool,
-        key_header: &HeaderName,
-        scope_headers: &[HeaderName],
-    ) -> Proxy {
-        let upstream = Upstream::new(&upstream);
+    /// A proxy to the configured upstream, with a connection pool of its
+    /// own (one per serving thread).
+    pub(crate) fn new(cfg: &GatewayConfig) -> Proxy {
+        let upstream = Upstream::new(&cfg.upstream);
         // An upstream URL without an authority is never connected to.
         let origin = upstream.origin.clone().unwrap_or_default();
         Proxy(Arc::new(Forwarder {
             pool: Pool::new(
                 origin,
-                tls,
-                timeout.min(Duration::from_secs(5)),
-                IDLE_TIMEOUT,
+                cfg.upstream_tls.clone(),
+                cfg.upstream_timeout.min(Duration::from_secs(5)),
+                cfg.upstream_idle_timeout,
             ),
             upstream,
-            client_proto: if client_tls { "https" } else { "http" },
-            timeout,
-            trust_forwarded,
+            client_proto: if cfg.tls.is_some() { "https" } else { "http" },
+            timeout: cfg.upstream_timeout,
+            trust_forwarded: cfg.trust_forwarded,
             protected: [
-                key_header.clone(),
+                cfg.key_header.clone(),
                 header::AUTHORIZATION,
                 header::CONTENT_TYPE,
                 header::CONTENT_LENGTH,
                 header::CONTENT_ENCODING,
             ]
             .into_iter()
-            .chain(scope_headers.iter().cloned())
+            .chain(cfg.scope_headers.iter().cloned())
             .collect(),
         }))
     }
