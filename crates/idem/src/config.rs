@@ -409,6 +409,11 @@ fn route(
     let mut methods = Vec::new();
     for m in &names {
         match Method::from_bytes(m.to_ascii_uppercase().as_bytes()) {
+            // The gateway refuses CONNECT (405) before the upstream: a
+            // rule for it would store that refusal as a key's answer.
+            Ok(Method::CONNECT) => p.add(format!(
+                "{what}: CONNECT is never forwarded, so it cannot have a rule"
+            )),
             Ok(method) => methods.push(method),
             Err(_) => p.add(format!("{what}: bad method {m:?}")),
         }

@@ -886,9 +886,12 @@ async fn idle_upstream_connections_close_at_the_configured_timeout() {
     // The upstream answers every request on a connection, then reports
     // the connection's end.
     let (ended, mut ends) = tokio::sync::mpsc::unbounded_channel();
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = accepted.clone();
     tokio::spawn(async move {
         loop {
             let (mut socket, _) = listener.accept().await.unwrap();
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             let ended = ended.clone();
             tokio::spawn(async move {
                 let mut buf = Vec::new();
@@ -914,10 +917,15 @@ async fn idle_upstream_connections_close_at_the_configured_timeout() {
         assert_eq!(r.text().await.unwrap(), "ok");
     };
     get().await;
+    let answered = std::time::Instant::now();
     let closed = tokio::time::timeout(Duration::from_secs(20), ends.recv()).await;
     assert!(
         matches!(closed, Ok(Some(()))),
         "the idle connection was not closed"
     );
+    // Not at once: the connection was kept for the timeout.
+    let idle = answered.elapsed();
+    assert!(idle >= Duration::from_millis(250), "closed after {idle:?}");
     get().await;
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 2);
 }

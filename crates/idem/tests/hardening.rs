@@ -255,35 +255,46 @@ async fn forwarding_headers_cannot_be_injected() {
 
 /// A CONNECT is refused (405, with `Allow`) and never reaches the
 /// upstream (which counts every request it gets, whatever its method and
-/// path), in authority form or origin form: the gateway forwards requests
-/// to one service and opens no tunnels.
+/// path, by key, or as "none" without one), in authority form or origin
+/// form, with a key or without: the gateway forwards requests to one
+/// service and opens no tunnels.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_opens_no_tunnel() {
     let (_up, up) = upstream();
     let g = gateway(&up, "memory:", &[]).await;
     for target in ["evil.example:443", "/echo"] {
-        let k = key("connect");
-        let request = format!(
-            "CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nIdempotency-Key: {k}\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}"
-        );
-        let answer = raw(&g.base, request.as_bytes());
-        assert!(answer.starts_with("HTTP/1.1 405"), "{target}: {answer}");
-        assert!(
-            answer.contains("urn:idem:problem:method-not-allowed"),
-            "{answer}"
-        );
-        assert!(
-            answer
-                .to_ascii_lowercase()
-                .contains("\r\nallow: get, head, post, put, patch, delete, options, trace\r\n"),
-            "{answer}"
-        );
-        assert_eq!(executions(&up, &k).await, 0, "{target}");
+        for keyed in [true, false] {
+            let k = key("connect");
+            let counted = if keyed { k.clone() } else { "none".to_owned() };
+            let before = executions(&up, &counted).await;
+            let key_line = if keyed {
+                format!("Idempotency-Key: {k}\r\n")
+            } else {
+                String::new()
+            };
+            let request = format!(
+                "CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n{key_line}Content-Length: 2\r\nConnection: close\r\n\r\n{{}}"
+            );
+            let answer = raw(&g.base, request.as_bytes());
+            assert!(answer.starts_with("HTTP/1.1 405"), "{target}: {answer}");
+            assert!(
+                answer.contains("urn:idem:problem:method-not-allowed"),
+                "{answer}"
+            );
+            assert!(
+                answer
+                    .to_ascii_lowercase()
+                    .contains("\r\nallow: get, head, post, put, patch, delete, options, trace\r\n"),
+                "{answer}"
+            );
+            assert_eq!(executions(&up, &counted).await, before, "{target} {keyed}");
+        }
     }
     // The gateway still forwards, and the upstream counts a method and
-    // path it has no route for.
+    // path it has no route for, with a key and without.
     let k = key("after");
-    let r = reqwest::Client::new()
+    let client = reqwest::Client::new();
+    let r = client
         .delete(format!("{}/echo", g.base))
         .header("idempotency-key", &k)
         .send()
@@ -291,6 +302,14 @@ async fn connect_opens_no_tunnel() {
         .unwrap();
     assert_eq!(r.status(), 405);
     assert_eq!(executions(&up, &k).await, 1);
+    let before = executions(&up, "none").await;
+    let r = client
+        .put(format!("{}/nowhere", g.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    assert_eq!(executions(&up, "none").await, before + 1);
 }
 
 /// Item 7: a per-route lease must outlast the upstream timeout, and a

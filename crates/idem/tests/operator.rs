@@ -234,13 +234,21 @@ max_body = "1GiB"
 method = "POST"
 path = "/transfers"
 key = "sometimes"
+[[route]]
+methods = ["connect"]
+path = "/tunnel"
 "#,
     );
     let (code, out, err) = idem(&["check-config", "--config", &file]);
     assert_eq!(code, 2, "{err}");
     assert!(out.is_empty(), "{out}");
     let lines: Vec<&str> = err.trim().lines().collect();
-    assert_eq!(lines.len(), 3, "{err}");
+    assert_eq!(lines.len(), 4, "{err}");
+    // The gateway refuses CONNECT itself: a rule could only store that.
+    assert!(
+        lines[3].contains("[[route]] #2 (/tunnel)") && lines[3].contains("CONNECT"),
+        "{err}"
+    );
     assert!(lines[0].contains("--ttl"), "{err}");
     assert!(lines[1].contains("--max-body"), "{err}");
     assert!(
