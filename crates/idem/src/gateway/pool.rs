@@ -67,6 +67,18 @@ struct Idle {
     since: Instant,
 }
 
+impl Idle {
+    /// Idle for `timeout` or longer at `now`: not to be used again.
+    fn expired(&self, now: Instant, timeout: Duration) -> bool {
+        now.duration_since(self.since) >= timeout
+    }
+}
+
+/// Drops the closed and expired connections of `idle`.
+fn drop_unusable(idle: &mut Vec<Idle>, now: Instant, timeout: Duration) {
+    idle.retain(|e| !e.sender.is_closed() && !e.expired(now, timeout));
+}
+
 impl Pool {
     /// A pool of connections to `origin` (scheme and authority); `tls`
     /// is how an `https://` one is checked (`None` for `http://`).
@@ -142,7 +154,7 @@ impl Pool {
         while i > 0 {
             i -= 1;
             if idle[i].sender.is_ready() {
-                if idle[i].since.elapsed() >= self.idle_timeout {
+                if idle[i].expired(Instant::now(), self.idle_timeout) {
                     idle.drain(..=i);
                     return None;
                 }
@@ -187,7 +199,7 @@ impl Pool {
 
     /// `response` with its connection: back in the pool now if the
     /// exchange is over (the whole answer was read with its head), else
-    /// once its body is done or dropped.
+    /// when its body is dropped.
     fn returning(
         self: &Arc<Self>,
         sender: SendRequest<Body>,
@@ -213,10 +225,7 @@ impl Pool {
         }
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         if idle.len() >= MAX_IDLE {
-            let now = Instant::now();
-            idle.retain(|e| {
-                !e.sender.is_closed() && now.duration_since(e.since) < self.idle_timeout
-            });
+            drop_unusable(&mut idle, Instant::now(), self.idle_timeout);
         }
         if idle.len() < MAX_IDLE {
             idle.push(Idle { sender, since });
@@ -238,7 +247,7 @@ impl Pool {
     /// Drops closed connections and those idle for the timeout or longer.
     fn close_expired(&self, now: Instant) {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        idle.retain(|e| !e.sender.is_closed() && now.duration_since(e.since) < self.idle_timeout);
+        drop_unusable(&mut idle, now, self.idle_timeout);
     }
 
     #[cfg(test)]

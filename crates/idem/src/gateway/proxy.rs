@@ -459,15 +459,16 @@ impl Forwarder {
             Ok(Ok(resp)) => {
                 let (mut parts, body) = resp.into_parts();
                 strip_hop_by_hop(&mut parts.headers, &[]);
+                // The pool's answer is boxed already.
                 let body = if keyed {
                     // The layer reads a keyed answer whole before storing
                     // it: a stalled body must not outlive the lease.
                     boxed(Deadline {
-                        inner: boxed(body),
+                        inner: body,
                         sleep: Box::pin(tokio::time::sleep_until(deadline)),
                     })
                 } else {
-                    boxed(body)
+                    body
                 };
                 Response::from_parts(parts, body)
             }
