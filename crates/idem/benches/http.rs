@@ -12,7 +12,9 @@
 //! (steadier than requests/s on a shared machine).
 //! `IDEM_BENCH_SECS` (default 5) sets the seconds per figure;
 //! `IDEM_BENCH_CONCURRENCY` (default 32) the client tasks;
-//! `IDEM_BENCH_ONLY=gateway` skips the layer; `IDEM_BENCH_BIN` runs another
+//! `IDEM_BENCH_ONLY=gateway` skips the layer, `IDEM_BENCH_ONLY=layer` the
+//! gateway; `IDEM_BENCH_ROUNDS` (default 1) measures the layer's table that
+//! many times, each round against its own baseline, and prints medians; `IDEM_BENCH_BIN` runs another
 //! `idem` binary as the gateway (an older build, for before/after). The load
 //! generator is reqwest with keep-alive connections in this process, so
 //! client, gateway and upstream share the 2 cores alike in every row.
@@ -147,14 +149,52 @@ fn header(title: &str, base: (f64, f64)) {
     println!("\n{title}\n");
     println!("| configuration | requests/s | ratio | p99 ms | p99 ratio | CPU µs/request |");
     println!("|---|---:|---:|---:|---:|---:|");
-    println!(
-        "| baseline | {:.0} | 1.00 | {:.2} | 1.00 | |",
-        base.0, base.1
-    );
+    row_cpu("baseline", base, base, None);
 }
 
-fn row(name: &str, r: (f64, f64), base: (f64, f64)) {
-    row_cpu(name, r, base, None);
+/// One figure of one round of the in-process table.
+#[derive(Clone, Copy)]
+struct Measured {
+    per_second: f64,
+    ratio: f64,
+    p99_ms: f64,
+    cpu_us: f64,
+}
+
+impl Measured {
+    fn new(((per_second, p99_ms), cpu_us): ((f64, f64), f64), base_per_second: f64) -> Measured {
+        Measured {
+            per_second,
+            ratio: per_second / base_per_second,
+            p99_ms,
+            cpu_us,
+        }
+    }
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Requests/s and p99 against `url`, with the CPU (utime+stime) this whole
+/// process spent per request sent: load generator, server and handler
+/// together, the in-process layer's figure that the shared machine's
+/// swings in requests/s disturb least.
+async fn load_in_process(
+    url: &str,
+    keys: Keys,
+    secs: u64,
+    tasks: u64,
+    hz: f64,
+) -> ((f64, f64), f64) {
+    let pid = std::process::id();
+    let before = cpu_seconds(pid, hz);
+    let (r, sent) = load_counted(url, keys, secs, tasks).await;
+    (
+        r,
+        (cpu_seconds(pid, hz) - before) * 1e6 / sent.max(1) as f64,
+    )
 }
 
 fn row_cpu(name: &str, r: (f64, f64), base: (f64, f64), cpu_us: Option<f64>) {
@@ -228,7 +268,9 @@ fn main() {
     rt.block_on(async {
         let dir = tempfile::tempdir().expect("tempdir");
 
-        let only_gateway = std::env::var("IDEM_BENCH_ONLY").is_ok_and(|v| v == "gateway");
+        let only = std::env::var("IDEM_BENCH_ONLY").unwrap_or_default();
+        let (only_gateway, only_layer) = (only == "gateway", only == "layer");
+        let rounds = env_or("IDEM_BENCH_ROUNDS", 1).max(1);
         // 1. The layer, in-process.
         if !only_gateway {
             let plain = serve(handler_app()).await;
@@ -240,20 +282,50 @@ fn main() {
                 serve(handler_app().layer(IdempotencyLayer::builder_shared(memory).build())).await;
             let with_sqlite =
                 serve(handler_app().layer(IdempotencyLayer::builder_shared(sqlite).build())).await;
-            let base = load(&format!("{plain}/orders"), Keys::None, secs, tasks).await;
-            header(
-                "idem-http layer in-process (baseline: the same axum handler without it)",
-                base,
-            );
-            for (name, url) in [("memory", &with_memory), ("sqlite", &with_sqlite)] {
-                for (label, keys) in [("new keys", Keys::New), ("replays", Keys::Replay)] {
-                    row(
-                        &format!("layer, {name}, {label}"),
-                        load(&format!("{url}/orders"), keys, secs, tasks).await,
-                        base,
-                    );
+            let hz = clock_ticks();
+            let rows = [
+                ("memory", "new keys", &with_memory, Keys::New),
+                ("memory", "replays", &with_memory, Keys::Replay),
+                ("sqlite", "new keys", &with_sqlite, Keys::New),
+                ("sqlite", "replays", &with_sqlite, Keys::Replay),
+            ];
+            // Each round measures the baseline, then every row: a row's
+            // ratio is to the baseline of its own round, and the table
+            // shows medians over the rounds.
+            let mut measured: Vec<Vec<Measured>> = vec![Vec::new(); rows.len() + 1];
+            for _ in 0..rounds {
+                let base =
+                    load_in_process(&format!("{plain}/orders"), Keys::None, secs, tasks, hz).await;
+                measured[0].push(Measured::new(base, base.0.0));
+                for (i, (_, _, url, keys)) in rows.iter().enumerate() {
+                    let r = load_in_process(&format!("{url}/orders"), *keys, secs, tasks, hz).await;
+                    measured[i + 1].push(Measured::new(r, base.0.0));
                 }
             }
+            println!(
+                "\nidem-http layer in-process (baseline: the same axum handler without it; \
+                 CPU is this whole process's, load generator included; medians of {rounds} \
+                 round(s))\n"
+            );
+            println!("| configuration | requests/s | ratio | p99 ms | CPU µs/request |");
+            println!("|---|---:|---:|---:|---:|");
+            let names = std::iter::once("baseline".to_owned()).chain(
+                rows.iter()
+                    .map(|(store, label, _, _)| format!("layer, {store}, {label}")),
+            );
+            for (name, m) in names.zip(&measured) {
+                let med = |f: fn(&Measured) -> f64| median(m.iter().map(f).collect());
+                println!(
+                    "| {name} | {:.0} | {:.2} | {:.2} | {:.0} |",
+                    med(|m| m.per_second),
+                    med(|m| m.ratio),
+                    med(|m| m.p99_ms),
+                    med(|m| m.cpu_us),
+                );
+            }
+        }
+        if only_layer {
+            return;
         }
 
         // 2. The gateway process.

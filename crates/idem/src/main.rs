@@ -32,7 +32,25 @@ use clap::Parser;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// The environment variable with which an operator keeps transparent huge
+/// pages: mimalloc's own switch (`MIMALLOC_ALLOW_THP=1`); when it is set,
+/// whatever its value, mimalloc decides and `idem` leaves the setting alone.
+const ALLOW_THP: &str = "MIMALLOC_ALLOW_THP";
+
+/// Turns transparent huge pages off for this process. mimalloc asks the
+/// kernel for huge pages, and the first touch of each one zeroes 2 MiB while
+/// a request waits: with new keys kept in memory that was a fifth of the
+/// layer's CPU and added milliseconds to the gateway's p99 (BENCHMARKS.md,
+/// "Huge pages"). Best effort: a kernel without the switch keeps its own.
+fn disable_transparent_huge_pages() {
+    #[cfg(target_os = "linux")]
+    if std::env::var_os(ALLOW_THP).is_none() {
+        let _ = rustix::thread::disable_transparent_huge_pages(true);
+    }
+}
+
 fn main() -> ExitCode {
+    disable_transparent_huge_pages();
     let cli = match cli::Cli::try_parse() {
         Ok(cli) => cli,
         Err(e)

@@ -929,3 +929,39 @@ async fn idle_upstream_connections_close_at_the_configured_timeout() {
     get().await;
     assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 2);
 }
+
+/// The kernel's word on whether process `pid` may get transparent huge
+/// pages: the `THP_enabled` line of `/proc/PID/status` (Linux 5.0 on).
+#[cfg(target_os = "linux")]
+fn thp_enabled(pid: u32) -> Option<bool> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("THP_enabled:"))
+        .map(|v| v.trim() != "0")
+}
+
+/// The gateway turns transparent huge pages off for itself (their first
+/// touch zeroes 2 MiB while a request waits), and an operator who sets
+/// mimalloc's own switch gets what it says.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transparent_huge_pages_are_off_unless_the_operator_allows_them() {
+    use std::process::Stdio;
+    let (_up, up) = upstream();
+    let g = gateway(&up, "memory:", &[]).await;
+    assert_eq!(thp_enabled(g.proc.child.id()), Some(false));
+    let allowed = support::gateway_with_env(
+        &up,
+        "memory:",
+        &[],
+        Stdio::inherit(),
+        &[("MIMALLOC_ALLOW_THP", "1")],
+    )
+    .await;
+    // This test's own process is the control: the switch is per process.
+    assert_eq!(
+        thp_enabled(allowed.proc.child.id()),
+        thp_enabled(std::process::id())
+    );
+}

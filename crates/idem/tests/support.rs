@@ -110,6 +110,17 @@ pub async fn gateway_logging_to(
     extra: &[&str],
     stderr: Stdio,
 ) -> Gateway {
+    gateway_with_env(upstream, store, extra, stderr, &[]).await
+}
+
+/// [`gateway_logging_to`], with `env` added to the gateway's environment.
+pub async fn gateway_with_env(
+    upstream: &str,
+    store: &str,
+    extra: &[&str],
+    stderr: Stdio,
+    env: &[(&str, &str)],
+) -> Gateway {
     let (port, admin) = two_free_ports();
     let child = Command::new(env!("CARGO_BIN_EXE_idem"))
         .args(["serve", "--upstream", upstream, "--store", store])
@@ -121,6 +132,7 @@ pub async fn gateway_logging_to(
         ])
         .args(extra)
         .env_remove("IDEM_CONFIG")
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(stderr)
         .spawn()
