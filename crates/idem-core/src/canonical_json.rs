@@ -58,15 +58,18 @@ pub(crate) enum JsonError {
 }
 
 /// A parsed JSON value with exact numbers and sorted, unique object keys.
+/// Strings and digits borrow from the parsed text where they can (a string
+/// without escapes, a number whose digits are one run of it), so a body is
+/// not copied piece by piece on the way to its canonical form.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Json {
+pub(crate) enum Json<'a> {
     Null,
     Bool(bool),
-    Number(Number),
-    String(String),
-    Array(Vec<Json>),
+    Number(Number<'a>),
+    String(Cow<'a, str>),
+    Array(Vec<Json<'a>>),
     /// Sorted by key (bytewise), keys unique.
-    Object(Vec<(String, Json)>),
+    Object(Vec<(Cow<'a, str>, Json<'a>)>),
 }
 
 /// An exact decimal: `(-1)^negative × digits × 10^exponent`.
@@ -75,17 +78,17 @@ pub(crate) enum Json {
 /// zeros; zero is empty digits, not negative, exponent 0. So two numbers
 /// are equal in value exactly when their fields are equal.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Number {
+pub(crate) struct Number<'a> {
     negative: bool,
-    digits: Vec<u8>,
+    digits: Cow<'a, [u8]>,
     exponent: i64,
 }
 
-impl Number {
-    fn zero() -> Number {
+impl Number<'_> {
+    fn zero() -> Number<'static> {
         Number {
             negative: false,
-            digits: Vec::new(),
+            digits: Cow::Borrowed(&[]),
             exponent: 0,
         }
     }
@@ -131,24 +134,31 @@ pub fn canonicalize_json(body: &[u8]) -> Option<Vec<u8>> {
 }
 
 /// Parses one JSON text (surrounding whitespace allowed).
-pub(crate) fn parse(body: &[u8]) -> Result<Json, JsonError> {
-    std::str::from_utf8(body).map_err(|_| JsonError::NotUtf8)?;
-    Parser { s: body, pos: 0 }.document()
+pub(crate) fn parse(body: &[u8]) -> Result<Json<'_>, JsonError> {
+    let text = std::str::from_utf8(body).map_err(|_| JsonError::NotUtf8)?;
+    Parser {
+        text,
+        s: body,
+        pos: 0,
+    }
+    .document()
 }
 
 /// A container being parsed.
-enum Frame {
-    Array(Vec<Json>),
+enum Frame<'a> {
+    Array(Vec<Json<'a>>),
     /// Members so far, and the key of the member whose value comes next.
-    Object(Vec<(String, Json)>, String),
+    Object(Vec<(Cow<'a, str>, Json<'a>)>, Cow<'a, str>),
 }
 
 struct Parser<'a> {
+    /// The input, checked to be UTF-8; `s` is its bytes.
+    text: &'a str,
     s: &'a [u8],
     pos: usize,
 }
 
-impl Parser<'_> {
+impl<'a> Parser<'a> {
     fn peek(&self) -> Option<u8> {
         self.s.get(self.pos).copied()
     }
@@ -180,7 +190,7 @@ impl Parser<'_> {
         }
     }
 
-    fn document(&mut self) -> Result<Json, JsonError> {
+    fn document(&mut self) -> Result<Json<'a>, JsonError> {
         let mut stack: Vec<Frame> = Vec::new();
         self.skip_ws();
         'value: loop {
@@ -249,7 +259,7 @@ impl Parser<'_> {
     }
 
     /// `"key"` `:`, with the whitespace after each.
-    fn member_key(&mut self) -> Result<String, JsonError> {
+    fn member_key(&mut self) -> Result<Cow<'a, str>, JsonError> {
         if self.peek() != Some(b'"') {
             return Err(self.syntax());
         }
@@ -260,7 +270,7 @@ impl Parser<'_> {
         Ok(key)
     }
 
-    fn scalar(&mut self) -> Result<Json, JsonError> {
+    fn scalar(&mut self) -> Result<Json<'a>, JsonError> {
         let rest = self.s.get(self.pos..).unwrap_or_default();
         for (word, value) in [
             (&b"null"[..], Json::Null),
@@ -279,31 +289,32 @@ impl Parser<'_> {
         }
     }
 
-    fn digits_into(&mut self, out: &mut Vec<u8>) -> usize {
+    /// Skips a run of ASCII digits; returns where it started.
+    fn digits(&mut self) -> usize {
         let start = self.pos;
-        while let Some(d @ b'0'..=b'9') = self.peek() {
-            out.push(d);
+        while let Some(b'0'..=b'9') = self.peek() {
             self.pos += 1;
         }
-        self.pos - start
+        start
     }
 
-    fn number(&mut self) -> Result<Number, JsonError> {
+    fn number(&mut self) -> Result<Number<'a>, JsonError> {
         let negative = self.eat(b'-');
-        let mut digits = Vec::new();
-        match self.peek() {
+        // The integer part's significant digits: none for a lone zero.
+        let integer = match self.peek() {
             // A lone leading zero; a digit after it is left for the caller
             // to reject.
-            Some(b'0') => self.pos += 1,
-            Some(b'1'..=b'9') => {
-                self.digits_into(&mut digits);
+            Some(b'0') => {
+                self.pos += 1;
+                self.pos..self.pos
             }
+            Some(b'1'..=b'9') => self.digits()..self.pos,
             _ => return Err(self.syntax()),
-        }
-        let mut fraction_len = 0usize;
+        };
+        let mut fraction = self.pos..self.pos;
         if self.eat(b'.') {
-            fraction_len = self.digits_into(&mut digits);
-            if fraction_len == 0 {
+            fraction = self.digits()..self.pos;
+            if fraction.is_empty() {
                 return Err(self.syntax());
             }
         }
@@ -336,18 +347,41 @@ impl Parser<'_> {
                 return Err(self.syntax());
             }
         }
-        // value = digits × 10^(exponent − fraction_len)
-        let fraction_len = i64::try_from(fraction_len).map_err(|_| JsonError::ExponentOverflow)?;
+        // value = digits × 10^(exponent − fraction_len), where digits are
+        // the integer part's followed by the fraction's: one run of the
+        // input unless both parts have some.
+        let part = |r: std::ops::Range<usize>| self.s.get(r).unwrap_or_default();
+        let mut digits: Cow<'a, [u8]> = if integer.is_empty() {
+            Cow::Borrowed(part(fraction.clone()))
+        } else if fraction.is_empty() {
+            Cow::Borrowed(part(integer))
+        } else {
+            Cow::Owned([part(integer), part(fraction.clone())].concat())
+        };
+        let fraction_len =
+            i64::try_from(fraction.len()).map_err(|_| JsonError::ExponentOverflow)?;
         let mut exponent = exponent
             .checked_sub(fraction_len)
             .ok_or(JsonError::ExponentOverflow)?;
         let leading = digits.iter().take_while(|&&d| d == b'0').count();
-        digits.drain(..leading);
-        let trailing = digits.iter().rev().take_while(|&&d| d == b'0').count();
-        digits.truncate(digits.len() - trailing);
-        if digits.is_empty() {
+        let trailing = digits
+            .iter()
+            .skip(leading)
+            .rev()
+            .take_while(|&&d| d == b'0')
+            .count();
+        let significant = leading..digits.len() - trailing;
+        if significant.is_empty() {
             return Ok(Number::zero());
         }
+        digits = match digits {
+            Cow::Borrowed(d) => Cow::Borrowed(d.get(significant).unwrap_or_default()),
+            Cow::Owned(mut d) => {
+                d.truncate(significant.end);
+                d.drain(..significant.start);
+                Cow::Owned(d)
+            }
+        };
         let trailing = i64::try_from(trailing).map_err(|_| JsonError::ExponentOverflow)?;
         exponent = exponent
             .checked_add(trailing)
@@ -359,10 +393,11 @@ impl Parser<'_> {
         })
     }
 
-    /// A string starting at the opening quote, escapes decoded.
-    fn string(&mut self) -> Result<String, JsonError> {
+    /// A string starting at the opening quote, escapes decoded: borrowed
+    /// from the input when it has none.
+    fn string(&mut self) -> Result<Cow<'a, str>, JsonError> {
         self.expect(b'"')?;
-        let mut out: Vec<u8> = Vec::new();
+        let mut out: Option<Vec<u8>> = None;
         loop {
             let start = self.pos;
             while let Some(b) = self.peek() {
@@ -371,16 +406,26 @@ impl Parser<'_> {
                 }
                 self.pos += 1;
             }
-            out.extend_from_slice(self.s.get(start..self.pos).unwrap_or_default());
+            // The input is UTF-8 and it is cut at ASCII bytes only.
+            let run = self.text.get(start..self.pos).ok_or(JsonError::NotUtf8)?;
             match self.peek() {
                 Some(b'"') => {
                     self.pos += 1;
-                    // Input is UTF-8 and we only cut it at ASCII bytes.
-                    return String::from_utf8(out).map_err(|_| JsonError::NotUtf8);
+                    return match out {
+                        None => Ok(Cow::Borrowed(run)),
+                        Some(mut out) => {
+                            out.extend_from_slice(run.as_bytes());
+                            String::from_utf8(out)
+                                .map(Cow::Owned)
+                                .map_err(|_| JsonError::NotUtf8)
+                        }
+                    };
                 }
                 Some(b'\\') => {
                     self.pos += 1;
-                    self.escape(&mut out)?;
+                    let out = out.get_or_insert_with(Vec::new);
+                    out.extend_from_slice(run.as_bytes());
+                    self.escape(out)?;
                 }
                 // End of input, or an unescaped control character.
                 _ => return Err(self.syntax()),
@@ -447,7 +492,7 @@ impl Parser<'_> {
 }
 
 /// An object from its members in source order: sorted, duplicates refused.
-fn object(mut members: Vec<(String, Json)>) -> Result<Json, JsonError> {
+fn object<'a>(mut members: Vec<(Cow<'a, str>, Json<'a>)>) -> Result<Json<'a>, JsonError> {
     members.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     if members.windows(2).any(|w| w[0].0 == w[1].0) {
         return Err(JsonError::DuplicateKey);
@@ -455,12 +500,12 @@ fn object(mut members: Vec<(String, Json)>) -> Result<Json, JsonError> {
     Ok(Json::Object(members))
 }
 
-impl Json {
+impl<'a> Json<'a> {
     /// The value `pointer` (RFC 6901) selects, if any. `""` is the whole
     /// value; a pointer that does not start with `/`, has an escape other
     /// than `~0` and `~1`, or an array index that is not a plain decimal
     /// (no sign, no leading zero; `-` included) selects nothing.
-    pub(crate) fn pointer(&self, pointer: &str) -> Option<&Json> {
+    pub(crate) fn pointer(&self, pointer: &str) -> Option<&Json<'a>> {
         if pointer.is_empty() {
             return Some(self);
         }
@@ -469,9 +514,7 @@ impl Json {
             let token = unescape_token(raw)?;
             current = match current {
                 Json::Object(members) => {
-                    let i = members
-                        .binary_search_by(|(k, _)| k.as_str().cmp(&token))
-                        .ok()?;
+                    let i = members.binary_search_by(|(k, _)| (**k).cmp(&*token)).ok()?;
                     &members.get(i)?.1
                 }
                 Json::Array(items) => items.get(array_index(&token)?)?,
@@ -571,23 +614,32 @@ fn write_number(n: &Number, out: &mut Vec<u8>) {
 fn write_string(s: &str, out: &mut Vec<u8>) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     out.push(b'"');
-    for &b in s.as_bytes() {
-        match b {
-            b'"' => out.extend_from_slice(b"\\\""),
-            b'\\' => out.extend_from_slice(b"\\\\"),
-            0x08 => out.extend_from_slice(b"\\b"),
-            0x0c => out.extend_from_slice(b"\\f"),
-            b'\n' => out.extend_from_slice(b"\\n"),
-            b'\r' => out.extend_from_slice(b"\\r"),
-            b'\t' => out.extend_from_slice(b"\\t"),
-            0x00..=0x1f => {
-                out.extend_from_slice(b"\\u00");
-                out.push(HEX[usize::from(b >> 4)]);
-                out.push(HEX[usize::from(b & 0xf)]);
-            }
-            _ => out.push(b),
-        }
+    let bytes = s.as_bytes();
+    let mut plain = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let escaped: &[u8] = match b {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            0x08 => b"\\b",
+            0x0c => b"\\f",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            b'\t' => b"\\t",
+            0x00..=0x1f => &[
+                b'\\',
+                b'u',
+                b'0',
+                b'0',
+                HEX[usize::from(b >> 4)],
+                HEX[usize::from(b & 0xf)],
+            ],
+            _ => continue,
+        };
+        out.extend_from_slice(bytes.get(plain..i).unwrap_or_default());
+        out.extend_from_slice(escaped);
+        plain = i + 1;
     }
+    out.extend_from_slice(bytes.get(plain..).unwrap_or_default());
     out.push(b'"');
 }
 
@@ -609,7 +661,19 @@ mod tests {
     fn number_spellings_of_one_value_match() {
         for group in [
             &[
-                "100", "100.0", "1.0e2", "1E+2", "10000e-2", "1e2", "0.001e5", "100e0",
+                "100",
+                "100.0",
+                "1.0e2",
+                "1E+2",
+                "10000e-2",
+                "1e2",
+                "0.001e5",
+                "100e0",
+                // Leading and trailing zeros around one run of the input,
+                // and across the point.
+                "0.00100e5",
+                "100.000",
+                "10.00e1",
             ][..],
             &["0", "-0", "0.0", "-0.0e-5", "0e10", "0E-999"],
             &["1.5", "15e-1", "0.15E1", "1.50", "150e-2"],
@@ -703,6 +767,9 @@ mod tests {
             "\"\\b\\f\\n\\r\\t\\u0001\\u001f\\\"\\\\\u{7f}\u{2028}\""
         );
         assert_ne!(canon(r#""a""#), canon(r#""A""#));
+        // Text on both sides of escapes, and an escape at either end.
+        assert_eq!(canon(r#""ab\ncd\u0041ef""#), "\"ab\\ncdAef\"");
+        assert_eq!(canon(r#""\tx\t""#), "\"\\tx\\t\"");
     }
 
     #[test]
