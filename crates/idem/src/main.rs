@@ -39,9 +39,10 @@ const ALLOW_THP: &str = "MIMALLOC_ALLOW_THP";
 
 /// Turns transparent huge pages off for this process. mimalloc asks the
 /// kernel for huge pages, and the first touch of each one zeroes 2 MiB while
-/// a request waits: with new keys kept in memory that was a fifth of the
-/// layer's CPU and added milliseconds to the gateway's p99 (BENCHMARKS.md,
-/// "Huge pages"). Best effort: a kernel without the switch keeps its own.
+/// a request waits: with new keys kept in memory that was 2% of the
+/// machine's CPU under the gateway bench and about 2 ms of its p99
+/// (BENCHMARKS.md, "Huge pages"). Best effort: a kernel without the switch
+/// keeps its own.
 fn disable_transparent_huge_pages() {
     #[cfg(target_os = "linux")]
     if std::env::var_os(ALLOW_THP).is_none() {
