@@ -300,7 +300,7 @@ impl<'a> Parser<'a> {
 
     fn number(&mut self) -> Result<Number<'a>, JsonError> {
         let negative = self.eat(b'-');
-        // The integer part's significant digits: none for a lone zero.
+        // The integer part's digits: none for a lone zero.
         let integer = match self.peek() {
             // A lone leading zero; a digit after it is left for the caller
             // to reject.
@@ -678,6 +678,7 @@ mod tests {
             &["0", "-0", "0.0", "-0.0e-5", "0e10", "0E-999"],
             &["1.5", "15e-1", "0.15E1", "1.50", "150e-2"],
             &["-12.5", "-125e-1", "-0.125e2"],
+            &["12e-3", "0.0120", "0.012", "1.20e-2"],
             &["1e400", "10e399", "0.1e401"],
             &[
                 "123456789012345678901234567890",

@@ -172,9 +172,14 @@ impl Measured {
     }
 }
 
+/// The median; of an even count, the mean of the middle two.
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
-    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+    let n = values.len();
+    match (values.get(n.wrapping_sub(1) / 2), values.get(n / 2)) {
+        (Some(a), Some(b)) => (a + b) / 2.0,
+        _ => f64::NAN,
+    }
 }
 
 /// Requests/s and p99 against `url`, with the CPU (utime+stime) this whole
@@ -293,19 +298,31 @@ fn main() {
             // ratio is to the baseline of its own round, and the table
             // shows medians over the rounds.
             let mut measured: Vec<Vec<Measured>> = vec![Vec::new(); rows.len() + 1];
-            for _ in 0..rounds {
-                let base =
-                    load_in_process(&format!("{plain}/orders"), Keys::None, secs, tasks, hz).await;
-                measured[0].push(Measured::new(base, base.0.0));
-                for (i, (_, _, url, keys)) in rows.iter().enumerate() {
-                    let r = load_in_process(&format!("{url}/orders"), *keys, secs, tasks, hz).await;
-                    measured[i + 1].push(Measured::new(r, base.0.0));
+            for round in 0..rounds {
+                // Figure 0 is the bare handler; each round starts one
+                // figure later, so drift within a round lands on every row.
+                let mut figures = vec![((0.0, 0.0), 0.0); rows.len() + 1];
+                for n in 0..figures.len() {
+                    let i = (n + round as usize) % figures.len();
+                    figures[i] = match i.checked_sub(1).and_then(|r| rows.get(r)) {
+                        None => {
+                            load_in_process(&format!("{plain}/orders"), Keys::None, secs, tasks, hz)
+                                .await
+                        }
+                        Some((_, _, url, keys)) => {
+                            load_in_process(&format!("{url}/orders"), *keys, secs, tasks, hz).await
+                        }
+                    };
+                }
+                let base = figures[0].0.0;
+                for (i, figure) in figures.into_iter().enumerate() {
+                    measured[i].push(Measured::new(figure, base));
                 }
             }
             println!(
                 "\nidem-http layer in-process (baseline: the same axum handler without it; \
-                 CPU is this whole process's, load generator included; medians of {rounds} \
-                 round(s))\n"
+                 CPU is this whole process's, load generator included; each column the median of {rounds} \
+                 round(s), each round's ratio to its own baseline)\n"
             );
             println!("| configuration | requests/s | ratio | p99 ms | CPU µs/request |");
             println!("|---|---:|---:|---:|---:|");

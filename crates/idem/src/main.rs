@@ -35,23 +35,29 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// The environment variable with which an operator keeps transparent huge
 /// pages: mimalloc's own switch (`MIMALLOC_ALLOW_THP=1`); when it is set,
 /// whatever its value, mimalloc decides and `idem` leaves the setting alone.
+#[cfg(target_os = "linux")]
 const ALLOW_THP: &str = "MIMALLOC_ALLOW_THP";
 
 /// Turns transparent huge pages off for this process. mimalloc asks the
 /// kernel for huge pages, and the first touch of each one zeroes 2 MiB while
 /// a request waits: with new keys kept in memory that was 2% of the
 /// machine's CPU under the gateway bench and about 2 ms of its p99
-/// (BENCHMARKS.md, "Huge pages"). Best effort: a kernel without the switch
-/// keeps its own.
-fn disable_transparent_huge_pages() {
+/// (BENCHMARKS.md, "Huge pages"). Best effort: a kernel that refuses the
+/// switch (before Linux 3.15, or a seccomp profile) keeps its own, and the
+/// refusal is returned for the log.
+fn disable_transparent_huge_pages() -> Option<std::io::Error> {
     #[cfg(target_os = "linux")]
     if std::env::var_os(ALLOW_THP).is_none() {
-        let _ = rustix::thread::disable_transparent_huge_pages(true);
+        return rustix::thread::disable_transparent_huge_pages(true)
+            .err()
+            .map(std::io::Error::from);
     }
+    None
 }
 
 fn main() -> ExitCode {
-    disable_transparent_huge_pages();
+    // First, before the threads start and the heap grows.
+    let huge_pages_refused = disable_transparent_huge_pages();
     let cli = match cli::Cli::try_parse() {
         Ok(cli) => cli,
         Err(e)
@@ -72,6 +78,9 @@ fn main() -> ExitCode {
     if let Err(e) = logging::init(cli.log_level.as_deref(), cli.log_format) {
         logging::print_error_as(Some(cli.log_format), &format!("{e:#}"));
         return exit::Exit::Usage.into();
+    }
+    if let Some(e) = huge_pages_refused {
+        tracing::debug!(error = %e, "transparent huge pages stay as the kernel set them");
     }
     tls::install_crypto_provider();
     let runtime = match tokio::runtime::Builder::new_multi_thread()

@@ -132,6 +132,7 @@ pub async fn gateway_with_env(
         ])
         .args(extra)
         .env_remove("IDEM_CONFIG")
+        .env_remove("MIMALLOC_ALLOW_THP")
         .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(stderr)
