@@ -929,6 +929,7 @@ mod tests {
             lease in duration_text(),
             wait in duration_text(),
             timeout in duration_text(),
+            idle in duration_text(),
             body in (any::<u32>(), prop::sample::select(vec!["", "B", "KiB", "MiB", "GiB"])),
             path in "[/{}*a-z.%]{0,20}",
             method in "[A-Za-z]{0,8}",
@@ -936,7 +937,7 @@ mod tests {
         ) {
             let text = format!(
                 "upstream = \"http://127.0.0.1:1\"\nttl = {ttl:?}\nlease = {lease:?}\nwait = {wait:?}\n\
-                 upstream_timeout = {timeout:?}\nmax_body = \"{}{}\"\n\
+                 upstream_timeout = {timeout:?}\nupstream_idle_timeout = {idle:?}\nmax_body = \"{}{}\"\n\
                  [[route]]\nmethod = {method:?}\npath = {path:?}\nlease = {lease:?}\nfingerprint_fields = {fields:?}\n",
                 body.0, body.1
             );
