@@ -182,10 +182,26 @@ fn median(mut values: Vec<f64>) -> f64 {
     }
 }
 
-/// Requests/s and p99 against `url`, with the CPU (utime+stime) this whole
-/// process spent per request sent: load generator, server and handler
-/// together, the in-process layer's figure that the shared machine's
-/// swings in requests/s disturb least.
+/// Requests/s and p99 against `url`, with the CPU (utime+stime) process
+/// `pid` spent per request sent.
+async fn load_with_cpu(
+    url: &str,
+    keys: Keys,
+    secs: u64,
+    tasks: u64,
+    pid: u32,
+    hz: f64,
+) -> ((f64, f64), f64) {
+    let before = cpu_seconds(pid, hz);
+    let (r, sent) = load_counted(url, keys, secs, tasks).await;
+    (
+        r,
+        (cpu_seconds(pid, hz) - before) * 1e6 / sent.max(1) as f64,
+    )
+}
+
+/// [`load_with_cpu`] of this whole process: load generator, server and
+/// handler together, for the in-process table.
 async fn load_in_process(
     url: &str,
     keys: Keys,
@@ -193,13 +209,7 @@ async fn load_in_process(
     tasks: u64,
     hz: f64,
 ) -> ((f64, f64), f64) {
-    let pid = std::process::id();
-    let before = cpu_seconds(pid, hz);
-    let (r, sent) = load_counted(url, keys, secs, tasks).await;
-    (
-        r,
-        (cpu_seconds(pid, hz) - before) * 1e6 / sent.max(1) as f64,
-    )
+    load_with_cpu(url, keys, secs, tasks, std::process::id(), hz).await
 }
 
 fn row_cpu(name: &str, r: (f64, f64), base: (f64, f64), cpu_us: Option<f64>) {
@@ -294,9 +304,9 @@ fn main() {
                 ("sqlite", "new keys", &with_sqlite, Keys::New),
                 ("sqlite", "replays", &with_sqlite, Keys::Replay),
             ];
-            // Each round measures the baseline, then every row: a row's
-            // ratio is to the baseline of its own round, and the table
-            // shows medians over the rounds.
+            // Each round measures the baseline and every row: a row's ratio
+            // is to the baseline of its own round, and the table shows
+            // medians over the rounds.
             let mut measured: Vec<Vec<Measured>> = vec![Vec::new(); rows.len() + 1];
             for round in 0..rounds {
                 // Figure 0 is the bare handler; each round starts one
@@ -368,9 +378,8 @@ fn main() {
                 ("new keys", Keys::New),
                 ("replays", Keys::Replay),
             ] {
-                let before = cpu_seconds(pid, hz);
-                let (r, sent) = load_counted(&format!("{url}/orders"), keys, secs, tasks).await;
-                let cpu_us = (cpu_seconds(pid, hz) - before) * 1e6 / sent.max(1) as f64;
+                let (r, cpu_us) =
+                    load_with_cpu(&format!("{url}/orders"), keys, secs, tasks, pid, hz).await;
                 row_cpu(
                     &format!("idem serve, {name}, {label}"),
                     r,
