@@ -36,12 +36,14 @@
 //!
 //! # Layout
 //!
-//! One table, `idem_records`, keyed by (scope, operation, key), with an
-//! index on `expires_at` (purge), a partial index on the lease end of
-//! in-progress records (the stale listing, schema 2) and an index on
-//! (scope, key) (the look-up by key whatever the operation, schema 3); and
-//! `idem_meta`, which holds the fence counter. Older files are migrated on
-//! open.
+//! One table, `idem_records`, keyed by (scope, key, operation) (schema 4;
+//! the look-up by key whatever the operation searches its prefix), with an
+//! index on `expires_at` (purge) and a partial index on the lease end of
+//! in-progress records (the stale listing, schema 2); and `idem_meta`,
+//! which holds the fence counter: the highest fence any writer may have
+//! drawn (writers reserve blocks of it, so two processes on one file never
+//! draw the same fence). Older files are migrated on open; schema 4
+//! rebuilds the table once.
 //!
 //! # Behavior
 //!
@@ -353,8 +355,10 @@ impl Store for SqliteStore {
         Box::pin(self.read(move |conn| {
             let limit = i64::try_from(limit).unwrap_or(i64::MAX);
             let sql = format!(
-                "SELECT {}, operation FROM idem_records INDEXED BY idem_records_scope_key \
-                 WHERE scope = ?1 AND key = ?2 AND expires_at > ?3 \
+                // The primary key's prefix (scope, key); `+` keeps the
+                // planner off the expiry index, whatever its statistics.
+                "SELECT {}, operation FROM idem_records \
+                 WHERE scope = ?1 AND key = ?2 AND +expires_at > ?3 \
                  ORDER BY created_at DESC, operation DESC LIMIT ?4",
                 row::COLUMNS
             );

@@ -185,6 +185,125 @@ fn records_and_fences_survive_reopening() {
     });
 }
 
+/// Two stores on one file, as two `idem serve` processes on one node would
+/// have: each has its own writer, and each draws fences. A takeover by one
+/// must never draw the fence the other's holder has, or the holder's late
+/// completion would land on the new claim (two executions, one record).
+#[test]
+fn two_stores_on_one_file_never_draw_the_same_fence() {
+    use idem_testkit::{LEASE, request, response, t0, unique_id};
+    let rt = idem_testkit::runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("shared.db");
+    let (a, b) = (
+        SqliteStore::open(&path).unwrap(),
+        SqliteStore::open(&path).unwrap(),
+    );
+    rt.block_on(async {
+        // `a` draws two fences and `b` none: with a counter of its own,
+        // `b`'s takeover (one fence skipped by its insert, then one drawn)
+        // would draw exactly the holder's.
+        let filler = unique_id("two-writers-filler");
+        assert!(matches!(
+            a.claim(&request(&filler, "{}", t0())).await.unwrap(),
+            Claim::Acquired(_)
+        ));
+        let id = unique_id("two-writers-takeover");
+        let Claim::Acquired(first) = a.claim(&request(&id, "{}", t0())).await.unwrap() else {
+            panic!("expected Acquired")
+        };
+        let later = t0() + LEASE + std::time::Duration::from_secs(1);
+        let Claim::Acquired(second) = b.claim(&request(&id, "{}", later)).await.unwrap() else {
+            panic!("expected a takeover once the lease ended")
+        };
+        assert_ne!(
+            first.fence, second.fence,
+            "a takeover drew the holder's fence"
+        );
+        let late = Completion::completed(response(201, "late holder"));
+        assert_eq!(
+            a.complete(&id, first.fence, late, later).await.unwrap(),
+            Settled::StaleFence,
+            "the first holder's late completion was applied to the takeover's claim"
+        );
+        let own = Completion::completed(response(201, "taker"));
+        assert_eq!(
+            b.complete(&id, second.fence, own, later).await.unwrap(),
+            Settled::Applied
+        );
+
+        // Claims alternated between the two never share a fence.
+        let mut seen = std::collections::HashSet::new();
+        let mut claim_new = async |store: &SqliteStore, id: &RecordId| {
+            let Claim::Acquired(lease) = store.claim(&request(id, "{}", t0())).await.unwrap()
+            else {
+                panic!("expected Acquired")
+            };
+            assert!(
+                seen.insert(lease.fence),
+                "fence {:?} drawn twice",
+                lease.fence
+            );
+            lease.fence
+        };
+        for i in 0..200 {
+            let store = if i % 3 == 0 { &a } else { &b };
+            claim_new(store, &unique_id(&format!("two-writers-{i:04}"))).await;
+        }
+
+        // And at once: tasks on both stores claim new keys concurrently,
+        // and every fifth claim is of a record the other store holds with
+        // its lease ended (a takeover across writers); no fence is drawn
+        // twice, and every takeover's fence is above the record's.
+        let mut held = Vec::new();
+        for i in 0..40 {
+            let store = if i % 2 == 0 { &a } else { &b };
+            let id = unique_id(&format!("two-writers-held-{i:04}"));
+            let fence = claim_new(store, &id).await;
+            held.push((id, fence));
+        }
+        let held = std::sync::Arc::new(held);
+        let tasks: Vec<_> = (0..8usize)
+            .map(|t| {
+                let store = if t % 2 == 0 { a.clone() } else { b.clone() };
+                let held = held.clone();
+                tokio::spawn(async move {
+                    let mut fences = Vec::new();
+                    for i in 0..25usize {
+                        let (id, now, above) = if i % 5 == 0 {
+                            // Even tasks (store `a`) take over `b`'s records
+                            // (odd indexes), odd tasks `a`'s; each once.
+                            let (id, fence) = &held[2 * (t / 2 * 5 + i / 5) + (t + 1) % 2];
+                            (id.clone(), later, Some(*fence))
+                        } else {
+                            let id = unique_id(&format!("two-writers-{t}-{i:04}"));
+                            (id, t0(), None)
+                        };
+                        let claim = store.claim(&request(&id, "{}", now)).await.unwrap();
+                        let Claim::Acquired(lease) = claim else {
+                            panic!("expected Acquired or a takeover, got {claim:?}")
+                        };
+                        if let Some(above) = above {
+                            assert!(
+                                lease.takeover && lease.fence > above,
+                                "{lease:?} over {above:?}"
+                            );
+                        }
+                        fences.push(lease.fence);
+                    }
+                    fences
+                })
+            })
+            .collect();
+        for task in tasks {
+            for fence in task.await.unwrap() {
+                assert!(seen.insert(fence), "fence {fence:?} drawn twice");
+            }
+        }
+        assert_eq!(seen.len(), 200 + 40 + 8 * 25);
+    });
+}
+
 /// Many concurrent writers end up in fewer transactions than operations:
 /// the writer groups them. Counted through SQLite's own commit counter
 /// would need a hook; instead, every claim is answered and visible.
@@ -420,10 +539,8 @@ fn a_version_1_store_is_migrated_on_open() {
     let path = dir.path().join("v1.db");
     drop(SqliteStore::open(&path).unwrap());
     let c = Connection::open(&path).unwrap();
-    c.execute_batch(
-        "DROP INDEX idem_records_stale; DROP INDEX idem_records_scope_key; PRAGMA user_version = 1;",
-    )
-    .unwrap();
+    c.execute_batch(&format!("{SCHEMA_V1_RECORDS} PRAGMA user_version = 1;"))
+        .unwrap();
     drop(c);
     drop(SqliteStore::open(&path).unwrap());
     let c = Connection::open(&path).unwrap();
@@ -434,12 +551,73 @@ fn a_version_1_store_is_migrated_on_open() {
     let n: i64 = c
         .query_row(
             "SELECT count(*) FROM sqlite_schema \
-             WHERE name IN ('idem_records_stale', 'idem_records_scope_key')",
+             WHERE name IN ('idem_records_stale', 'idem_records_expires_at')",
             [],
             |r| r.get(0),
         )
         .unwrap();
     assert_eq!(n, 2);
+}
+
+/// The records table as schemas 1 to 3 had it (primary key in (scope,
+/// operation, key) order, no partial index), to write older files with.
+const SCHEMA_V1_RECORDS: &str = "
+DROP TABLE idem_records;
+CREATE TABLE idem_records (
+    scope TEXT NOT NULL, operation TEXT NOT NULL, key TEXT NOT NULL,
+    fingerprint BLOB NOT NULL, status INTEGER NOT NULL, fence INTEGER NOT NULL,
+    created_at INTEGER NOT NULL, lease_until INTEGER, expires_at INTEGER NOT NULL,
+    resource_id TEXT, response_status INTEGER, response_headers BLOB, response_body BLOB,
+    PRIMARY KEY (scope, operation, key)
+) WITHOUT ROWID;
+CREATE INDEX idem_records_expires_at ON idem_records (expires_at);
+";
+
+/// The statements the store runs search the B-trees they were laid out
+/// for: a claim and a completion the primary key, the look-up by key its
+/// (scope, key) prefix, the purge the expiry index and then the key.
+#[test]
+fn queries_search_the_keys_they_were_laid_out_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("plans.db");
+    drop(SqliteStore::open(&path).unwrap());
+    let c = Connection::open(&path).unwrap();
+    let plan = |sql: &str| -> String {
+        let mut stmt = c.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        let rows = stmt
+            .query_map([], |r| r.get::<_, String>(3))
+            .unwrap()
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .unwrap();
+        rows.join(" | ")
+    };
+    let by_key = plan(&format!(
+        "SELECT {}, operation FROM idem_records \
+         WHERE scope = 's' AND key = 'k' AND +expires_at > 0 \
+         ORDER BY created_at DESC, operation DESC LIMIT 10",
+        row::COLUMNS
+    ));
+    assert!(
+        by_key.contains("USING PRIMARY KEY (scope=? AND key=?)"),
+        "{by_key}"
+    );
+    let one = plan(
+        "UPDATE idem_records SET status = 1 \
+         WHERE scope = 's' AND operation = 'o' AND key = 'k' AND fence = 1 AND status = 0",
+    );
+    assert!(
+        one.contains("USING PRIMARY KEY (scope=? AND key=? AND operation=?)"),
+        "{one}"
+    );
+    let purge = plan(
+        "DELETE FROM idem_records WHERE (scope, key, operation) IN \
+         (SELECT scope, key, operation FROM idem_records WHERE expires_at <= 5 LIMIT 10)",
+    );
+    assert!(
+        purge.contains("USING PRIMARY KEY (scope=? AND key=? AND operation=?)")
+            && purge.contains("INDEX idem_records_expires_at (expires_at<?)"),
+        "{purge}"
+    );
 }
 
 /// A file written by the previous version (schema 2, no (scope, key)
@@ -458,8 +636,15 @@ fn a_version_2_store_is_migrated_on_open() {
         assert!(matches!(claim, Claim::Acquired(_)));
     }
     let c = Connection::open(&path).unwrap();
-    c.execute_batch("DROP INDEX idem_records_scope_key; PRAGMA user_version = 2;")
-        .unwrap();
+    // Schema 2's table: the old primary key, no (scope, key) index, the
+    // record copied over.
+    c.execute_batch(&format!(
+        "CREATE TEMP TABLE saved AS SELECT * FROM idem_records; {SCHEMA_V1_RECORDS} \
+         INSERT INTO idem_records SELECT * FROM saved; \
+         CREATE INDEX idem_records_stale ON idem_records (lease_until, scope, operation, key) \
+         WHERE status = 0; PRAGMA user_version = 2;"
+    ))
+    .unwrap();
     drop(c);
     let store = SqliteStore::open(&path).unwrap();
     let found = rt
@@ -475,24 +660,101 @@ fn a_version_2_store_is_migrated_on_open() {
     let v: i64 = c
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(v, 3);
+    assert_eq!(v, 4);
     assert_eq!(v, schema::SCHEMA_VERSION);
-    // Left to itself (no ANALYZE statistics), the planner prefers the
-    // primary key's prefix (every record of the scope); the look-up names
-    // the index, and searches it on both columns.
-    let plan: String = c
-        .query_row(
-            "EXPLAIN QUERY PLAN SELECT fence FROM idem_records INDEXED BY idem_records_scope_key \
-             WHERE scope = 's' AND key = 'k' AND expires_at > 0 \
-             ORDER BY created_at DESC, operation DESC LIMIT 10",
+}
+
+/// A file written by schema 3 (primary key (scope, operation, key) and an
+/// index on (scope, key)) is rebuilt with the key in (scope, key,
+/// operation) order: every record and every column is kept, the index
+/// goes, and the records are replayed, found by key, and purged as before.
+#[test]
+fn a_version_3_store_is_rebuilt_on_open_with_every_record() {
+    use idem_testkit::{TTL, request, response, t0, unique_id};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v3.db");
+    let rt = idem_testkit::runtime();
+    let done = unique_id("migrate-v3-done");
+    let running = unique_id("migrate-v3-running");
+    let fences = rt.block_on(async {
+        let store = SqliteStore::open(&path).unwrap();
+        let Claim::Acquired(a) = store.claim(&request(&done, "{}", t0())).await.unwrap() else {
+            panic!("expected Acquired")
+        };
+        let c = Completion::completed(response(201, "kept"));
+        assert_eq!(
+            store.complete(&done, a.fence, c, t0()).await.unwrap(),
+            Settled::Applied
+        );
+        let Claim::Acquired(b) = store.claim(&request(&running, "{}", t0())).await.unwrap() else {
+            panic!("expected Acquired")
+        };
+        (a.fence, b.fence)
+    });
+    // Rewrite the file as schema 3 had it, with the same rows.
+    let c = Connection::open(&path).unwrap();
+    let before: Vec<Vec<rusqlite::types::Value>> = all_rows(&c);
+    c.execute_batch(&format!(
+        "CREATE TEMP TABLE saved AS SELECT * FROM idem_records; {SCHEMA_V1_RECORDS} \
+         INSERT INTO idem_records SELECT * FROM saved; \
+         CREATE INDEX idem_records_stale ON idem_records (lease_until, scope, operation, key) \
+         WHERE status = 0; \
+         CREATE INDEX idem_records_scope_key ON idem_records (scope, key); \
+         PRAGMA user_version = 3;"
+    ))
+    .unwrap();
+    drop(c);
+
+    let store = SqliteStore::open(&path).unwrap();
+    let c = Connection::open(&path).unwrap();
+    assert_eq!(all_rows(&c), before, "every row and column survives");
+    let (v, indexes): (i64, String) = (
+        c.query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap(),
+        c.query_row(
+            "SELECT group_concat(name, ',') FROM (SELECT name FROM sqlite_schema \
+             WHERE type = 'index' AND tbl_name = 'idem_records' AND sql IS NOT NULL ORDER BY name)",
             [],
-            |r| r.get(3),
+            |r| r.get(0),
         )
-        .unwrap();
-    assert!(
-        plan.contains("USING INDEX idem_records_scope_key (scope=? AND key=?)"),
-        "{plan}"
+        .unwrap(),
     );
+    assert_eq!(v, schema::SCHEMA_VERSION);
+    assert_eq!(indexes, "idem_records_expires_at,idem_records_stale");
+    rt.block_on(async {
+        let Claim::Replay(rec) = store.claim(&request(&done, "{}", t0())).await.unwrap() else {
+            panic!("expected a replay of the migrated record")
+        };
+        assert_eq!(rec.response, Some(response(201, "kept")));
+        assert_eq!(rec.fence, fences.0);
+        let found = store
+            .find_by_key(&running.scope, &running.key, t0(), 10)
+            .await
+            .unwrap();
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].fence, fences.1);
+        // New fences stay above the migrated ones.
+        let other = unique_id("migrate-v3-new");
+        let Claim::Acquired(lease) = store.claim(&request(&other, "{}", t0())).await.unwrap()
+        else {
+            panic!("expected Acquired")
+        };
+        assert!(lease.fence > fences.1);
+        let later = t0() + TTL + std::time::Duration::from_secs(1);
+        assert_eq!(store.purge_expired(later, 100).await.unwrap(), 3);
+    });
+}
+
+/// Every row of the records table, every column, in key order.
+fn all_rows(c: &Connection) -> Vec<Vec<rusqlite::types::Value>> {
+    let mut stmt = c
+        .prepare("SELECT * FROM idem_records ORDER BY scope, operation, key")
+        .unwrap();
+    let n = stmt.column_count();
+    stmt.query_map([], |r| (0..n).map(|i| r.get(i)).collect())
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap()
 }
 
 /// Backpressure: a stalled writer makes calls fail with `Unavailable`

@@ -11,6 +11,20 @@
 //!
 //! One writer also makes every job atomic without locks: a claim's read and
 //! write happen with nobody else writing in between.
+//!
+//! # Fences
+//!
+//! Fences come from the counter in `idem_meta`, which holds the highest
+//! fence any writer of the file may have drawn. A writer reserves a block
+//! of fences by raising it inside its write transaction, then draws new
+//! keys' fences from the block without writing the counter again: most
+//! commits leave the counter's page alone. The counter is read inside the
+//! transaction, which excludes every other writer, so two stores on one
+//! file (two processes) reserve disjoint blocks and never draw the same
+//! fence. A claim over an existing record (a takeover, a key claimed again
+//! after it expired) needs a fence above the record's: if the block's next
+//! one is not, it takes the one above the counter. A batch that fails
+//! forgets the block, since its reservation may have been rolled back.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
@@ -113,28 +127,86 @@ impl Reply {
     }
 }
 
+/// How many fences a writer reserves at a time.
+const FENCE_BLOCK: i64 = 1024;
+
+/// The fences this writer has reserved and not drawn: `(drawn, limit]`.
+#[derive(Debug, Default)]
+struct FenceBlock {
+    drawn: i64,
+    limit: i64,
+}
+
+impl FenceBlock {
+    fn remaining(&self) -> i64 {
+        self.limit - self.drawn
+    }
+
+    /// The block's next fence, if it has one, without drawing it.
+    fn peek(&self) -> Option<i64> {
+        (self.drawn < self.limit).then_some(self.drawn + 1)
+    }
+
+    /// Gives up what is left (the reservation may not be durable).
+    fn forget(&mut self) {
+        self.drawn = self.limit;
+    }
+}
+
+/// The counter's value: the highest fence any writer may have drawn.
+fn stored_fence(conn: &Connection) -> rusqlite::Result<i64> {
+    conn.prepare_cached("SELECT value FROM idem_meta WHERE name = 'fence'")?
+        .query_row([], |r| r.get(0))
+}
+
+fn store_fence(conn: &Connection, value: i64) -> rusqlite::Result<()> {
+    conn.prepare_cached("UPDATE idem_meta SET value = ?1 WHERE name = 'fence'")?
+        .execute([value])
+        .map(drop)
+}
+
+/// The fence above the counter, which it then holds: larger than any
+/// fence drawn so far by any writer of the file.
+fn fence_above_all(conn: &Connection) -> rusqlite::Result<i64> {
+    let fence = stored_fence(conn)?
+        .checked_add(1)
+        .ok_or(rusqlite::Error::IntegralValueOutOfRange(0, i64::MAX))?;
+    store_fence(conn, fence)?;
+    Ok(fence)
+}
+
 pub(crate) struct Writer {
     conn: Connection,
-    fence: i64,
-    stored_fence: i64,
+    fences: FenceBlock,
     max_batch: usize,
 }
 
 impl Writer {
     pub(crate) fn new(conn: Connection, max_batch: usize) -> Result<Writer, StoreError> {
-        let fence: i64 = conn
-            .query_row(
-                "SELECT value FROM idem_meta WHERE name = 'fence'",
-                [],
-                |r| r.get(0),
-            )
-            .map_err(|e| sqlite_error("reading the fence counter", e))?;
+        // The counter must be there; the first batch that claims reads it
+        // again, inside its transaction.
+        stored_fence(&conn).map_err(|e| sqlite_error("reading the fence counter", e))?;
         Ok(Writer {
             conn,
-            fence,
-            stored_fence: fence,
+            fences: FenceBlock::default(),
             max_batch: max_batch.max(1),
         })
+    }
+
+    /// Makes sure the block holds a fence for each of `claims`, reserving
+    /// a new one above the counter if not. Runs first in a transaction.
+    fn reserve_fences(&mut self, claims: usize) -> rusqlite::Result<()> {
+        let need = i64::try_from(claims).unwrap_or(i64::MAX);
+        if self.fences.remaining() >= need {
+            return Ok(());
+        }
+        let from = stored_fence(&self.conn)?;
+        let limit = from
+            .checked_add(need.max(FENCE_BLOCK))
+            .ok_or(rusqlite::Error::IntegralValueOutOfRange(0, i64::MAX))?;
+        store_fence(&self.conn, limit)?;
+        self.fences = FenceBlock { drawn: from, limit };
+        Ok(())
     }
 
     /// Runs until every sender is gone, then finishes the queued work.
@@ -160,8 +232,21 @@ impl Writer {
 
     fn run_batch(&mut self, jobs: &mut Vec<Job>) {
         let mut replies = Vec::with_capacity(jobs.len());
-        let outcome = match self.conn.execute_batch("BEGIN IMMEDIATE") {
-            Err(e) => Err(sqlite_error("beginning a transaction", e)),
+        let claims = jobs
+            .iter()
+            .filter(|j| matches!(j, Job::Claim(..) | Job::ClaimAtomic(..)))
+            .count();
+        let begun = self
+            .conn
+            .prepare_cached("BEGIN IMMEDIATE")
+            .and_then(|mut s| s.execute([]))
+            .map_err(|e| sqlite_error("beginning a transaction", e))
+            .and_then(|_| {
+                self.reserve_fences(claims)
+                    .map_err(|e| sqlite_error("reserving fences", e))
+            });
+        let outcome = match begun {
+            Err(e) => Err(e),
             Ok(()) => {
                 let mut aborted = None;
                 for job in jobs.drain(..) {
@@ -183,8 +268,11 @@ impl Writer {
                 }
             }
         };
-        if outcome.is_err() && !self.conn.is_autocommit() {
-            let _ = self.conn.execute_batch("ROLLBACK");
+        if outcome.is_err() {
+            self.fences.forget();
+            if !self.conn.is_autocommit() {
+                let _ = self.conn.execute_batch("ROLLBACK");
+            }
         }
         for job in jobs.drain(..) {
             // Jobs never started because the batch aborted early.
@@ -196,17 +284,11 @@ impl Writer {
     }
 
     fn commit(&mut self) -> Result<(), StoreError> {
-        if self.fence != self.stored_fence {
-            self.conn
-                .prepare_cached("UPDATE idem_meta SET value = ?1 WHERE name = 'fence'")
-                .and_then(|mut s| s.execute([self.fence]))
-                .map_err(|e| sqlite_error("saving the fence counter", e))?;
-        }
         self.conn
-            .execute_batch("COMMIT")
-            .map_err(|e| sqlite_error("committing", e))?;
-        self.stored_fence = self.fence;
-        Ok(())
+            .prepare_cached("COMMIT")
+            .and_then(|mut s| s.execute([]))
+            .map(drop)
+            .map_err(|e| sqlite_error("committing", e))
     }
 
     fn refuse(&self, job: Job) -> Reply {
@@ -287,9 +369,16 @@ impl Writer {
     }
 
     fn claim(&mut self, req: &ClaimRequest) -> rusqlite::Result<Claim> {
-        // Fast path, the common case: the key is new. Insert if absent; the
-        // fence drawn for it is simply skipped if the key exists.
-        let fence = self.fence + 1;
+        // Fast path, the common case: the key is new. Insert if absent,
+        // with the block's next fence, drawn only if the insert happened.
+        // (The batch reserved one for each claim, and a claim draws at most
+        // one; should the block be empty all the same, the fence above the
+        // counter serves, and the block is left as it is.)
+        let from_block = self.fences.peek();
+        let fence = match from_block {
+            Some(f) => f,
+            None => fence_above_all(&self.conn)?,
+        };
         let lease_until = req.now + req.lease;
         let expires_at = req.now + req.ttl;
         let inserted = self
@@ -309,8 +398,10 @@ impl Writer {
                 lease_until.as_millis(),
                 expires_at.as_millis(),
             ])?;
-        self.fence = fence;
         if inserted == 1 {
+            if from_block.is_some() {
+                self.fences.drawn = fence;
+            }
             return Ok(Claim::Acquired(Lease {
                 fence: Fence::new(u64::try_from(fence).unwrap_or(0)),
                 lease_until,
@@ -330,11 +421,32 @@ impl Writer {
                 |row| record_from_row(&req.id, row),
             )
             .optional()?;
-        let fence = &mut self.fence;
+        // A new fence must be above the record's, which another writer of
+        // the file may have drawn from a higher block than this one's.
+        let above = existing
+            .as_ref()
+            .map_or(0, |r| i64::try_from(r.fence.get()).unwrap_or(i64::MAX));
+        let (conn, fences) = (&self.conn, &mut self.fences);
+        let mut failed = None;
         let step = transition::claim(existing.as_ref(), req, || {
-            *fence += 1;
-            Fence::new(u64::try_from(*fence).unwrap_or(0))
+            let f = match fences.peek() {
+                Some(f) if f > above => {
+                    fences.drawn = f;
+                    Ok(f)
+                }
+                _ => fence_above_all(conn),
+            };
+            match f {
+                Ok(f) => Fence::new(u64::try_from(f).unwrap_or(0)),
+                Err(e) => {
+                    failed = Some(e);
+                    Fence::new(0)
+                }
+            }
         });
+        if let Some(e) = failed {
+            return Err(e);
+        }
         if let Some(rec) = step.write {
             self.conn
                 .prepare_cached(
@@ -348,7 +460,7 @@ impl Writer {
                     rec.id.key.as_str(),
                     rec.fingerprint.as_bytes(),
                     rec.status.code(),
-                    self.fence,
+                    i64::try_from(rec.fence.get()).unwrap_or(i64::MAX),
                     rec.created_at.as_millis(),
                     rec.lease_until.map(Timestamp::as_millis),
                     rec.expires_at.as_millis(),
@@ -389,8 +501,8 @@ impl Writer {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         self.conn
             .prepare_cached(
-                "DELETE FROM idem_records WHERE (scope, operation, key) IN \
-                 (SELECT scope, operation, key FROM idem_records WHERE expires_at <= ?1 LIMIT ?2)",
+                "DELETE FROM idem_records WHERE (scope, key, operation) IN \
+                 (SELECT scope, key, operation FROM idem_records WHERE expires_at <= ?1 LIMIT ?2)",
             )?
             .execute(params![now.as_millis(), limit])
     }
