@@ -706,6 +706,13 @@ fn a_version_3_store_is_rebuilt_on_open_with_every_record() {
     drop(c);
 
     let store = SqliteStore::open(&path).unwrap();
+    let wal = std::fs::metadata(dir.path().join("v3.db-wal"))
+        .unwrap()
+        .len();
+    assert_eq!(
+        wal, 0,
+        "the rebuilt table was checkpointed and the WAL truncated"
+    );
     let c = Connection::open(&path).unwrap();
     assert_eq!(all_rows(&c), before, "every row and column survives");
     let (v, indexes): (i64, String) = (
