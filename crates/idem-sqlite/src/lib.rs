@@ -39,11 +39,13 @@
 //! One table, `idem_records`, keyed by (scope, key, operation) (schema 4;
 //! the look-up by key whatever the operation searches its prefix), with an
 //! index on `expires_at` (purge) and a partial index on the lease end of
-//! in-progress records (the stale listing, schema 2); and `idem_meta`,
+//! in-progress records (the stale listing, schema 2); and `idem_counters`,
 //! which holds the fence counter: the highest fence any writer may have
 //! drawn (writers reserve blocks of it, so two processes on one file never
 //! draw the same fence). Older files are migrated on open; schema 4
-//! rebuilds the table once.
+//! rebuilds the table once, keeping the application's triggers and views
+//! on it. Stop every process using the file before an upgrade: one that
+//! runs an older idem on a migrated file fails its claims.
 //!
 //! # Behavior
 //!

@@ -18,8 +18,14 @@ const APPLICATION_ID: i64 = 0x6964_656d;
 /// The schema this code writes.
 pub(crate) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
-/// Migration `i` takes the schema from version `i` to `i + 1`.
-const MIGRATIONS: [&str; 4] = [SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4];
+/// Migration `i` takes the schema from version `i` to `i + 1`, inside the
+/// migration's transaction.
+const MIGRATIONS: [fn(&Connection) -> rusqlite::Result<()>; 4] = [
+    |c| c.execute_batch(SCHEMA_V1),
+    |c| c.execute_batch(SCHEMA_V2),
+    |c| c.execute_batch(SCHEMA_V3),
+    migrate_to_v4,
+];
 
 const SCHEMA_V1: &str = "
 CREATE TABLE idem_records (
@@ -58,7 +64,21 @@ CREATE INDEX idem_records_scope_key ON idem_records (scope, key);
 /// (scope, key) searches the table itself, so the index of schema 3 goes,
 /// and with it one B-tree insert (and its WAL page) for every claim. The
 /// table is rebuilt once, on open, in the migration's transaction.
+///
+/// The fence counter moves from `idem_meta` to `idem_counters`, raised
+/// above the largest fence a record holds, and then (in a file that drew
+/// any) by 2^20 more for the fences of records since released or purged (an older idem with two
+/// processes on one file could lower the counter below what it had drawn).
+/// An older idem still running on the file when it is migrated then cannot
+/// draw a fence any more (its claims fail, closed) instead of drawing from
+/// its own stale count.
 const SCHEMA_V4: &str = "
+CREATE TABLE idem_counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
+INSERT INTO idem_counters (name, value)
+SELECT 'fence', CASE WHEN drawn > 0 THEN drawn + 1048576 ELSE 0 END FROM (SELECT max(
+    coalesce((SELECT value FROM idem_meta WHERE name = 'fence'), 0),
+    coalesce((SELECT max(fence) FROM idem_records), 0)) AS drawn);
+DROP TABLE idem_meta;
 CREATE TABLE idem_records_v4 (
     scope            TEXT    NOT NULL,
     operation        TEXT    NOT NULL,
@@ -85,6 +105,27 @@ ALTER TABLE idem_records_v4 RENAME TO idem_records;
 CREATE INDEX idem_records_expires_at ON idem_records (expires_at);
 CREATE INDEX idem_records_stale ON idem_records (lease_until, scope, operation, key) WHERE status = 0;
 ";
+
+/// Schema 4's rebuild, keeping what an application put beside the records
+/// (atomic mode invites its tables into the file): triggers on the records
+/// table are saved and created again, and the rename runs in SQLite's
+/// legacy mode, which neither checks nor rewrites views (a view over the
+/// records would otherwise fail the rename, and with it the migration).
+fn migrate_to_v4(conn: &Connection) -> rusqlite::Result<()> {
+    let triggers: Vec<String> = conn
+        .prepare(
+            "SELECT sql FROM sqlite_schema \
+             WHERE type = 'trigger' AND tbl_name = 'idem_records' AND sql IS NOT NULL",
+        )?
+        .query_map([], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    conn.pragma_update(None, "legacy_alter_table", true)?;
+    let rebuilt = conn
+        .execute_batch(SCHEMA_V4)
+        .and_then(|()| triggers.iter().try_for_each(|sql| conn.execute_batch(sql)));
+    let legacy_off = conn.pragma_update(None, "legacy_alter_table", false);
+    rebuilt.and(legacy_off)
+}
 
 /// Opens the writer's connection, creating or checking the schema.
 pub(crate) fn open_writer(path: &Path, sync: Synchronous) -> Result<Connection, StoreError> {
@@ -181,11 +222,11 @@ fn migrate(conn: &Connection) -> rusqlite::Result<()> {
     conn.execute_batch("BEGIN IMMEDIATE")?;
     let result = (|| {
         let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-        for sql in MIGRATIONS
+        for step in MIGRATIONS
             .iter()
             .skip(usize::try_from(version).unwrap_or(0))
         {
-            conn.execute_batch(sql)?;
+            step(conn)?;
         }
         conn.execute_batch(&format!(
             "PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = {SCHEMA_VERSION};"

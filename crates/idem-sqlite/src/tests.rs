@@ -21,11 +21,9 @@ async fn hold_writer(
     std::sync::mpsc::Sender<()>,
     tokio::task::JoinHandle<Result<idem_core::Atomic<(), rusqlite::Error>, StoreError>>,
 ) {
-    use idem_testkit::{request, response, t0, unique_id};
+    use idem_testkit::{response, t0, unique_id};
     let id = unique_id("hold-the-writer");
-    let Claim::Acquired(lease) = store.claim(&request(&id, "{}", t0())).await.unwrap() else {
-        panic!("expected Acquired")
-    };
+    let lease = acquire(store, &id, t0()).await;
     let (go, wait) = std::sync::mpsc::channel::<()>();
     let (inside, started) = oneshot::channel();
     let s = store.clone();
@@ -39,6 +37,18 @@ async fn hold_writer(
     });
     started.await.expect("the writer runs the holding job");
     (go, held)
+}
+
+/// Claims `id` with an empty body at `now`, which must acquire it.
+async fn acquire(store: &SqliteStore, id: &RecordId, now: Timestamp) -> idem_core::Lease {
+    match store
+        .claim(&idem_testkit::request(id, "{}", now))
+        .await
+        .unwrap()
+    {
+        Claim::Acquired(lease) => lease,
+        other => panic!("expected Acquired, got {other:?}"),
+    }
 }
 
 /// Polls `f` once: enough for a store call to hand its job to the writer.
@@ -160,9 +170,7 @@ fn records_and_fences_survive_reopening() {
     let id = unique_id("reopen-key-00001");
     let first = rt.block_on(async {
         let store = SqliteStore::open(&path).unwrap();
-        let Claim::Acquired(lease) = store.claim(&request(&id, "{}", t0())).await.unwrap() else {
-            panic!("expected Acquired")
-        };
+        let lease = acquire(&store, &id, t0()).await;
         let c = Completion::completed(response(201, "durable"));
         assert_eq!(
             store.complete(&id, lease.fence, c, t0()).await.unwrap(),
@@ -177,10 +185,7 @@ fn records_and_fences_survive_reopening() {
         };
         assert_eq!(rec.response, Some(response(201, "durable")));
         let other = unique_id("reopen-key-00002");
-        let Claim::Acquired(lease) = store.claim(&request(&other, "{}", t0())).await.unwrap()
-        else {
-            panic!("expected Acquired")
-        };
+        let lease = acquire(&store, &other, t0()).await;
         assert!(lease.fence > first, "the fence counter is persistent");
     });
 }
@@ -209,9 +214,7 @@ fn two_stores_on_one_file_never_draw_the_same_fence() {
             Claim::Acquired(_)
         ));
         let id = unique_id("two-writers-takeover");
-        let Claim::Acquired(first) = a.claim(&request(&id, "{}", t0())).await.unwrap() else {
-            panic!("expected Acquired")
-        };
+        let first = acquire(&a, &id, t0()).await;
         let later = t0() + LEASE + std::time::Duration::from_secs(1);
         let Claim::Acquired(second) = b.claim(&request(&id, "{}", later)).await.unwrap() else {
             panic!("expected a takeover once the lease ended")
@@ -235,10 +238,7 @@ fn two_stores_on_one_file_never_draw_the_same_fence() {
         // Claims alternated between the two never share a fence.
         let mut seen = std::collections::HashSet::new();
         let mut claim_new = async |store: &SqliteStore, id: &RecordId| {
-            let Claim::Acquired(lease) = store.claim(&request(id, "{}", t0())).await.unwrap()
-            else {
-                panic!("expected Acquired")
-            };
+            let lease = acquire(store, id, t0()).await;
             assert!(
                 seen.insert(lease.fence),
                 "fence {:?} drawn twice",
@@ -246,9 +246,13 @@ fn two_stores_on_one_file_never_draw_the_same_fence() {
             );
             lease.fence
         };
+        // One after the other, they also grow, whichever store draws.
+        let mut last = second.fence;
         for i in 0..200 {
             let store = if i % 3 == 0 { &a } else { &b };
-            claim_new(store, &unique_id(&format!("two-writers-{i:04}"))).await;
+            let fence = claim_new(store, &unique_id(&format!("two-writers-{i:04}"))).await;
+            assert!(fence > last, "{fence:?} after {last:?}");
+            last = fence;
         }
 
         // And at once: tasks on both stores claim new keys concurrently,
@@ -539,8 +543,7 @@ fn a_version_1_store_is_migrated_on_open() {
     let path = dir.path().join("v1.db");
     drop(SqliteStore::open(&path).unwrap());
     let c = Connection::open(&path).unwrap();
-    c.execute_batch(&format!("{SCHEMA_V1_RECORDS} PRAGMA user_version = 1;"))
-        .unwrap();
+    rewrite_as_old_schema(&c, 1, None);
     drop(c);
     drop(SqliteStore::open(&path).unwrap());
     let c = Connection::open(&path).unwrap();
@@ -559,19 +562,51 @@ fn a_version_1_store_is_migrated_on_open() {
     assert_eq!(n, 2);
 }
 
-/// The records table as schemas 1 to 3 had it (primary key in (scope,
-/// operation, key) order, no partial index), to write older files with.
-const SCHEMA_V1_RECORDS: &str = "
-DROP TABLE idem_records;
-CREATE TABLE idem_records (
-    scope TEXT NOT NULL, operation TEXT NOT NULL, key TEXT NOT NULL,
-    fingerprint BLOB NOT NULL, status INTEGER NOT NULL, fence INTEGER NOT NULL,
-    created_at INTEGER NOT NULL, lease_until INTEGER, expires_at INTEGER NOT NULL,
-    resource_id TEXT, response_status INTEGER, response_headers BLOB, response_body BLOB,
-    PRIMARY KEY (scope, operation, key)
-) WITHOUT ROWID;
-CREATE INDEX idem_records_expires_at ON idem_records (expires_at);
-";
+/// Rewrites a store file as schema `version` (1 to 3) had it, with the
+/// same records: the primary key in (scope, operation, key) order, the
+/// indexes of that version, and the fence counter in `idem_meta` (its value
+/// `counter`, or the file's own).
+fn rewrite_as_old_schema(c: &Connection, version: i64, counter: Option<i64>) {
+    let counter: i64 = match counter {
+        Some(n) => n,
+        None => c
+            .query_row(
+                "SELECT value FROM idem_counters WHERE name = 'fence'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap(),
+    };
+    let indexes = [
+        "",
+        "CREATE INDEX idem_records_stale ON idem_records (lease_until, scope, operation, key) \
+         WHERE status = 0;",
+        "CREATE INDEX idem_records_scope_key ON idem_records (scope, key);",
+    ];
+    let later: String = indexes[..usize::try_from(version).unwrap()].concat();
+    c.execute_batch(&format!(
+        "BEGIN;
+         CREATE TEMP TABLE saved AS SELECT * FROM idem_records;
+         DROP TABLE idem_records;
+         CREATE TABLE idem_records (
+             scope TEXT NOT NULL, operation TEXT NOT NULL, key TEXT NOT NULL,
+             fingerprint BLOB NOT NULL, status INTEGER NOT NULL, fence INTEGER NOT NULL,
+             created_at INTEGER NOT NULL, lease_until INTEGER, expires_at INTEGER NOT NULL,
+             resource_id TEXT, response_status INTEGER, response_headers BLOB,
+             response_body BLOB, PRIMARY KEY (scope, operation, key)
+         ) WITHOUT ROWID;
+         CREATE INDEX idem_records_expires_at ON idem_records (expires_at);
+         {later}
+         INSERT INTO idem_records SELECT * FROM saved;
+         DROP TABLE saved;
+         DROP TABLE idem_counters;
+         CREATE TABLE idem_meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
+         INSERT INTO idem_meta (name, value) VALUES ('fence', {counter});
+         PRAGMA user_version = {version};
+         COMMIT;"
+    ))
+    .unwrap();
+}
 
 /// The statements the store runs search the B-trees they were laid out
 /// for: a claim and a completion the primary key, the look-up by key its
@@ -636,15 +671,7 @@ fn a_version_2_store_is_migrated_on_open() {
         assert!(matches!(claim, Claim::Acquired(_)));
     }
     let c = Connection::open(&path).unwrap();
-    // Schema 2's table: the old primary key, no (scope, key) index, the
-    // record copied over.
-    c.execute_batch(&format!(
-        "CREATE TEMP TABLE saved AS SELECT * FROM idem_records; {SCHEMA_V1_RECORDS} \
-         INSERT INTO idem_records SELECT * FROM saved; \
-         CREATE INDEX idem_records_stale ON idem_records (lease_until, scope, operation, key) \
-         WHERE status = 0; PRAGMA user_version = 2;"
-    ))
-    .unwrap();
+    rewrite_as_old_schema(&c, 2, None);
     drop(c);
     let store = SqliteStore::open(&path).unwrap();
     let found = rt
@@ -678,31 +705,19 @@ fn a_version_3_store_is_rebuilt_on_open_with_every_record() {
     let running = unique_id("migrate-v3-running");
     let fences = rt.block_on(async {
         let store = SqliteStore::open(&path).unwrap();
-        let Claim::Acquired(a) = store.claim(&request(&done, "{}", t0())).await.unwrap() else {
-            panic!("expected Acquired")
-        };
+        let a = acquire(&store, &done, t0()).await;
         let c = Completion::completed(response(201, "kept"));
         assert_eq!(
             store.complete(&done, a.fence, c, t0()).await.unwrap(),
             Settled::Applied
         );
-        let Claim::Acquired(b) = store.claim(&request(&running, "{}", t0())).await.unwrap() else {
-            panic!("expected Acquired")
-        };
+        let b = acquire(&store, &running, t0()).await;
         (a.fence, b.fence)
     });
     // Rewrite the file as schema 3 had it, with the same rows.
     let c = Connection::open(&path).unwrap();
     let before: Vec<Vec<rusqlite::types::Value>> = all_rows(&c);
-    c.execute_batch(&format!(
-        "CREATE TEMP TABLE saved AS SELECT * FROM idem_records; {SCHEMA_V1_RECORDS} \
-         INSERT INTO idem_records SELECT * FROM saved; \
-         CREATE INDEX idem_records_stale ON idem_records (lease_until, scope, operation, key) \
-         WHERE status = 0; \
-         CREATE INDEX idem_records_scope_key ON idem_records (scope, key); \
-         PRAGMA user_version = 3;"
-    ))
-    .unwrap();
+    rewrite_as_old_schema(&c, 3, None);
     drop(c);
 
     let store = SqliteStore::open(&path).unwrap();
@@ -742,10 +757,7 @@ fn a_version_3_store_is_rebuilt_on_open_with_every_record() {
         assert_eq!(found[0].fence, fences.1);
         // New fences stay above the migrated ones.
         let other = unique_id("migrate-v3-new");
-        let Claim::Acquired(lease) = store.claim(&request(&other, "{}", t0())).await.unwrap()
-        else {
-            panic!("expected Acquired")
-        };
+        let lease = acquire(&store, &other, t0()).await;
         assert!(lease.fence > fences.1);
         let later = t0() + TTL + std::time::Duration::from_secs(1);
         assert_eq!(store.purge_expired(later, 100).await.unwrap(), 3);
@@ -762,6 +774,223 @@ fn all_rows(c: &Connection) -> Vec<Vec<rusqlite::types::Value>> {
         .unwrap()
         .collect::<rusqlite::Result<_>>()
         .unwrap()
+}
+
+/// A batch that fails (here, an application's trigger rolls the whole
+/// transaction back) hands none of its fences out again: not the one its
+/// first claim drew before the failure, not those of a block it reserved
+/// and rolled back, which another store on the file then reserves.
+#[test]
+fn a_failed_batch_never_hands_its_fences_out_again() {
+    use idem_testkit::{request, t0, unique_id};
+    let rt = idem_testkit::runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("failing.db");
+    let a = SqliteStore::open(&path).unwrap();
+    let c = Connection::open(&path).unwrap();
+    c.execute_batch(
+        "CREATE TRIGGER app_refuses BEFORE INSERT ON idem_records WHEN NEW.key = 'boom' \
+         BEGIN SELECT RAISE(ROLLBACK, 'refused'); END;",
+    )
+    .unwrap();
+    drop(c);
+    let boom = |tag: &str| {
+        let mut id = unique_id("boom");
+        id.scope = idem_core::Scope::from_raw(format!("failing-{tag}"));
+        id
+    };
+    rt.block_on(async {
+        let mut seen = std::collections::HashSet::new();
+        let mut fence_of = async |store: &SqliteStore, tag: &str| {
+            let id = unique_id(&format!("failing-{tag}"));
+            let lease = acquire(store, &id, t0()).await;
+            assert!(
+                seen.insert(lease.fence),
+                "fence {:?} drawn twice",
+                lease.fence
+            );
+            lease.fence
+        };
+        // `a`'s first batch reserves its block and fails: the reservation
+        // is rolled back. `b`, opened after, reserves from the same counter.
+        let err = a
+            .claim(&request(&boom("first"), "{}", t0()))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");
+        let b = SqliteStore::open(&path).unwrap();
+        let from_b = fence_of(&b, "b-1").await;
+        let from_a = fence_of(&a, "a-1").await;
+        assert!(from_a > from_b);
+
+        // A claim that drew a fence, then a failing one, in one batch.
+        let (go, held) = hold_writer(&a).await;
+        let drew = unique_id("failing-drew");
+        let (a1, a2) = (a.clone(), a.clone());
+        let drew_req = request(&drew, "{}", t0());
+        let boom_req = request(&boom("second"), "{}", t0());
+        let mut first = Box::pin(async move { a1.claim(&drew_req).await });
+        queue(&mut first).await;
+        let mut second = Box::pin(async move { a2.claim(&boom_req).await });
+        queue(&mut second).await;
+        go.send(()).unwrap();
+        assert!(matches!(
+            held.await.unwrap().unwrap(),
+            idem_core::Atomic::Committed(_)
+        ));
+        assert!(first.await.is_err(), "the batch failed as a whole");
+        assert!(second.await.is_err());
+        for i in 0..5 {
+            fence_of(&a, &format!("a-after-{i}")).await;
+            fence_of(&b, &format!("b-after-{i}")).await;
+        }
+    });
+}
+
+/// Batches with more claims than a block holds (the writer's batch may be
+/// larger than the block) still draw each fence once.
+#[test]
+fn batches_larger_than_a_block_draw_distinct_fences() {
+    use idem_testkit::{request, t0, unique_id};
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::builder(dir.path().join("big.db"))
+        .max_batch(4096)
+        .open()
+        .unwrap();
+    let rt = idem_testkit::runtime();
+    let fences = rt.block_on(async {
+        // The writer held while 3,000 claims queue up behind it, so that
+        // they are taken as one batch.
+        let (go, held) = hold_writer(&store).await;
+        let mut calls = Vec::new();
+        for i in 0..3000 {
+            let s = store.clone();
+            let req = request(&unique_id(&format!("big-{i:05}")), "{}", t0());
+            let mut call = Box::pin(async move { s.claim(&req).await });
+            queue(&mut call).await;
+            calls.push(call);
+        }
+        go.send(()).unwrap();
+        assert!(matches!(
+            held.await.unwrap().unwrap(),
+            idem_core::Atomic::Committed(_)
+        ));
+        let mut fences = Vec::new();
+        for call in calls {
+            let Claim::Acquired(lease) = call.await.unwrap() else {
+                panic!("expected Acquired")
+            };
+            fences.push(lease.fence);
+        }
+        fences
+    });
+    let distinct: std::collections::HashSet<_> = fences.iter().collect();
+    assert_eq!(distinct.len(), fences.len());
+}
+
+/// A schema 3 file whose fence counter fell behind its records (an older
+/// idem with two processes on the file could lower it): after the
+/// migration, a takeover's fence is above the record's and the old
+/// holder's completion is refused, and new keys' fences are above every
+/// fence the file holds.
+#[test]
+fn a_counter_behind_its_records_is_raised_by_the_migration() {
+    use idem_testkit::{LEASE, request, response, t0, unique_id};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("behind.db");
+    let rt = idem_testkit::runtime();
+    let id = unique_id("behind-held");
+    let held = rt.block_on(async {
+        let store = SqliteStore::open(&path).unwrap();
+        // Fences into the thousands, then the key this test takes over.
+        for i in 0..1500 {
+            let other = unique_id(&format!("behind-{i:05}"));
+            assert!(matches!(
+                store.claim(&request(&other, "{}", t0())).await.unwrap(),
+                Claim::Acquired(_)
+            ));
+        }
+        let lease = acquire(&store, &id, t0()).await;
+        lease.fence
+    });
+    assert!(held.get() > 1500);
+    let c = Connection::open(&path).unwrap();
+    rewrite_as_old_schema(&c, 3, Some(3));
+    drop(c);
+
+    let store = SqliteStore::open(&path).unwrap();
+    rt.block_on(async {
+        let later = t0() + LEASE + std::time::Duration::from_secs(1);
+        let Claim::Acquired(taken) = store.claim(&request(&id, "{}", later)).await.unwrap() else {
+            panic!("expected a takeover")
+        };
+        assert!(taken.fence > held, "{taken:?} over {held:?}");
+        let late = Completion::completed(response(201, "late"));
+        assert_eq!(
+            store.complete(&id, held, late, later).await.unwrap(),
+            Settled::StaleFence
+        );
+        let fresh = unique_id("behind-fresh");
+        let lease = acquire(&store, &fresh, t0()).await;
+        assert!(lease.fence > taken.fence);
+    });
+}
+
+/// What an application put beside the records (atomic mode invites its
+/// tables into the file) survives schema 4's rebuild: a view over the
+/// records still reads them, and a trigger on them still fires.
+#[test]
+fn the_rebuild_keeps_views_and_triggers_on_the_records() {
+    use idem_testkit::{request, response, t0, unique_id};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("app.db");
+    let rt = idem_testkit::runtime();
+    let id = unique_id("app-objects");
+    let other = unique_id("app-objects-later");
+    let lease = rt.block_on(async {
+        let store = SqliteStore::open(&path).unwrap();
+        acquire(&store, &id, t0()).await
+    });
+    let c = Connection::open(&path).unwrap();
+    rewrite_as_old_schema(&c, 3, None);
+    c.execute_batch(
+        "CREATE TABLE app_audit (key TEXT NOT NULL, status INTEGER NOT NULL);
+         CREATE VIEW app_done AS SELECT key FROM idem_records WHERE status = 1;
+         CREATE TRIGGER app_on_complete AFTER UPDATE OF status ON idem_records
+         BEGIN INSERT INTO app_audit (key, status) VALUES (NEW.key, NEW.status); END;",
+    )
+    .unwrap();
+    drop(c);
+
+    let store = SqliteStore::open(&path).unwrap();
+    rt.block_on(async {
+        let c = Completion::completed(response(201, "audited"));
+        assert_eq!(
+            store.complete(&id, lease.fence, c, t0()).await.unwrap(),
+            Settled::Applied
+        );
+        assert!(matches!(
+            store.claim(&request(&other, "{}", t0())).await.unwrap(),
+            Claim::Acquired(_)
+        ));
+    });
+    let c = Connection::open(&path).unwrap();
+    let audited: Vec<(String, i64)> = c
+        .prepare("SELECT key, status FROM app_audit")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    assert_eq!(audited, [(id.key.as_str().to_owned(), 1)]);
+    let done: Vec<String> = c
+        .prepare("SELECT key FROM app_done")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    assert_eq!(done, [id.key.as_str().to_owned()]);
 }
 
 /// Backpressure: a stalled writer makes calls fail with `Unavailable`

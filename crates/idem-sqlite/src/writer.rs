@@ -14,17 +14,23 @@
 //!
 //! # Fences
 //!
-//! Fences come from the counter in `idem_meta`, which holds the highest
+//! Fences come from the counter in `idem_counters`, which holds the highest
 //! fence any writer of the file may have drawn. A writer reserves a block
 //! of fences by raising it inside its write transaction, then draws new
 //! keys' fences from the block without writing the counter again: most
-//! commits leave the counter's page alone. The counter is read inside the
-//! transaction, which excludes every other writer, so two stores on one
-//! file (two processes) reserve disjoint blocks and never draw the same
-//! fence. A claim over an existing record (a takeover, a key claimed again
-//! after it expired) needs a fence above the record's: if the block's next
-//! one is not, it takes the one above the counter. A batch that fails
-//! forgets the block, since its reservation may have been rolled back.
+//! commits leave the counter's page alone. Every batch that claims first
+//! reads the counter (the transaction excludes every other writer): if
+//! another writer reserved since this one did, the rest of this one's
+//! block is given up and a new one reserved above theirs. So two stores on
+//! one file (two processes) never draw the same fence, and fences grow in
+//! commit order across them as within one. A claim over an existing record
+//! (a takeover, a key claimed again after it expired) takes the block's
+//! next fence when it is above the record's, as it is unless the counter
+//! was damaged, and otherwise the one above both. A batch that fails
+//! forgets what is left of its block (its reservation may have been rolled
+//! back, and another writer may reserve the same range), and the next
+//! batch starts above it: no fence is drawn twice, not even one that only
+//! rolled-back work saw.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
@@ -147,30 +153,53 @@ impl FenceBlock {
         (self.drawn < self.limit).then_some(self.drawn + 1)
     }
 
-    /// Gives up what is left (the reservation may not be durable).
+    /// Gives up what is left: the batch failed, so the reservation may
+    /// have been rolled back, and another writer may then reserve the very
+    /// same range, up to the same limit (which is why equal limits alone
+    /// do not prove the block is still this writer's).
     fn forget(&mut self) {
         self.drawn = self.limit;
+    }
+
+    /// A fence from [`fence_above_all`]; the block moves above it, so that
+    /// no later draw repeats it, even when the transaction that raised the
+    /// counter to it is rolled back.
+    fn above_all(&mut self, conn: &Connection, above: i64) -> rusqlite::Result<i64> {
+        let fence = fence_above_all(conn, above)?;
+        if fence > self.limit {
+            *self = FenceBlock {
+                drawn: fence,
+                limit: fence,
+            };
+        }
+        Ok(fence)
     }
 }
 
 /// The counter's value: the highest fence any writer may have drawn.
 fn stored_fence(conn: &Connection) -> rusqlite::Result<i64> {
-    conn.prepare_cached("SELECT value FROM idem_meta WHERE name = 'fence'")?
+    conn.prepare_cached("SELECT value FROM idem_counters WHERE name = 'fence'")?
         .query_row([], |r| r.get(0))
 }
 
 fn store_fence(conn: &Connection, value: i64) -> rusqlite::Result<()> {
-    conn.prepare_cached("UPDATE idem_meta SET value = ?1 WHERE name = 'fence'")?
+    conn.prepare_cached("UPDATE idem_counters SET value = ?1 WHERE name = 'fence'")?
         .execute([value])
         .map(drop)
 }
 
-/// The fence above the counter, which it then holds: larger than any
-/// fence drawn so far by any writer of the file.
-fn fence_above_all(conn: &Connection) -> rusqlite::Result<i64> {
+fn out_of_fences() -> rusqlite::Error {
+    rusqlite::Error::IntegralValueOutOfRange(0, i64::MAX)
+}
+
+/// A fence above both the counter and `above`, which the counter then
+/// holds: larger than any fence drawn so far by any writer of the file,
+/// even on a file whose counter fell behind its records.
+fn fence_above_all(conn: &Connection, above: i64) -> rusqlite::Result<i64> {
     let fence = stored_fence(conn)?
+        .max(above)
         .checked_add(1)
-        .ok_or(rusqlite::Error::IntegralValueOutOfRange(0, i64::MAX))?;
+        .ok_or_else(out_of_fences)?;
     store_fence(conn, fence)?;
     Ok(fence)
 }
@@ -186,6 +215,9 @@ impl Writer {
         // The counter must be there; the first batch that claims reads it
         // again, inside its transaction.
         stored_fence(&conn).map_err(|e| sqlite_error("reading the fence counter", e))?;
+        // The writer's own dozen statements, and room for those of
+        // atomic-mode mutations, which share the cache.
+        conn.set_prepared_statement_cache_capacity(64);
         Ok(Writer {
             conn,
             fences: FenceBlock::default(),
@@ -193,19 +225,33 @@ impl Writer {
         })
     }
 
-    /// Makes sure the block holds a fence for each of `claims`, reserving
-    /// a new one above the counter if not. Runs first in a transaction.
+    /// Makes sure the block holds a fence for each of `claims`, all above
+    /// any fence another writer drew: runs first in a transaction that
+    /// claims. The block is extended in place while this writer is the
+    /// last to have reserved, and replaced by one above the counter when
+    /// another writer reserved since.
     fn reserve_fences(&mut self, claims: usize) -> rusqlite::Result<()> {
         let need = i64::try_from(claims).unwrap_or(i64::MAX);
+        let counter = stored_fence(&self.conn)?;
+        if counter != self.fences.limit {
+            // Another writer reserved since (the counter is above), or this
+            // writer's last raise was rolled back (below): start above
+            // both, so that no fence is drawn twice, not even one that only
+            // rolled-back work saw.
+            let from = counter.max(self.fences.limit);
+            self.fences = FenceBlock {
+                drawn: from,
+                limit: from,
+            };
+        }
         if self.fences.remaining() >= need {
             return Ok(());
         }
-        let from = stored_fence(&self.conn)?;
-        let limit = from
-            .checked_add(need.max(FENCE_BLOCK))
-            .ok_or(rusqlite::Error::IntegralValueOutOfRange(0, i64::MAX))?;
+        // Saturating: near the end of the range a claim with no fence left
+        // fails on its own (`fence_above_all`), not the whole batch.
+        let limit = self.fences.limit.saturating_add(need.max(FENCE_BLOCK));
         store_fence(&self.conn, limit)?;
-        self.fences = FenceBlock { drawn: from, limit };
+        self.fences.limit = limit;
         Ok(())
     }
 
@@ -377,7 +423,7 @@ impl Writer {
         let from_block = self.fences.peek();
         let fence = match from_block {
             Some(f) => f,
-            None => fence_above_all(&self.conn)?,
+            None => self.fences.above_all(&self.conn, 0)?,
         };
         let lease_until = req.now + req.lease;
         let expires_at = req.now + req.ttl;
@@ -399,9 +445,7 @@ impl Writer {
                 expires_at.as_millis(),
             ])?;
         if inserted == 1 {
-            if from_block.is_some() {
-                self.fences.drawn = fence;
-            }
+            self.fences.drawn = self.fences.drawn.max(fence);
             return Ok(Claim::Acquired(Lease {
                 fence: Fence::new(u64::try_from(fence).unwrap_or(0)),
                 lease_until,
@@ -421,8 +465,8 @@ impl Writer {
                 |row| record_from_row(&req.id, row),
             )
             .optional()?;
-        // A new fence must be above the record's, which another writer of
-        // the file may have drawn from a higher block than this one's.
+        // A new fence must be above the record's: the block's next one is,
+        // unless the counter fell behind the records (a damaged file).
         let above = existing
             .as_ref()
             .map_or(0, |r| i64::try_from(r.fence.get()).unwrap_or(i64::MAX));
@@ -434,7 +478,7 @@ impl Writer {
                     fences.drawn = f;
                     Ok(f)
                 }
-                _ => fence_above_all(conn),
+                _ => fences.above_all(conn, above),
             };
             match f {
                 Ok(f) => Fence::new(u64::try_from(f).unwrap_or(0)),
