@@ -18,10 +18,12 @@
 //! fence any writer of the file may have drawn. A writer reserves a block
 //! of fences by raising it inside its write transaction, then draws new
 //! keys' fences from the block without writing the counter again: most
-//! commits leave the counter's page alone. Every batch that claims first
-//! reads the counter (the transaction excludes every other writer): if
-//! another writer reserved since this one did, the rest of this one's
-//! block is given up and a new one reserved above theirs. So two stores on
+//! commits leave the counter's page alone. A batch that claims first
+//! checks whether another connection committed since the counter was last
+//! read (`PRAGMA data_version`, inside the transaction, which excludes
+//! every other writer), and if so reads it: if another writer reserved
+//! since this one did, the rest of this one's block is given up and a new
+//! one reserved above theirs. So two stores on
 //! one file (two processes) never draw the same fence, and fences grow in
 //! commit order across them as within one. A claim over an existing record
 //! (a takeover, a key claimed again after it expired) takes the block's
@@ -207,6 +209,10 @@ fn fence_above_all(conn: &Connection, above: i64) -> rusqlite::Result<i64> {
 pub(crate) struct Writer {
     conn: Connection,
     fences: FenceBlock,
+    /// `PRAGMA data_version` when the counter was last read: it changes
+    /// when another connection commits, so while it does not, the counter
+    /// is what this writer left it and need not be read again.
+    counter_read_at: Option<i64>,
     max_batch: usize,
 }
 
@@ -221,6 +227,7 @@ impl Writer {
         Ok(Writer {
             conn,
             fences: FenceBlock::default(),
+            counter_read_at: None,
             max_batch: max_batch.max(1),
         })
     }
@@ -232,17 +239,24 @@ impl Writer {
     /// another writer reserved since.
     fn reserve_fences(&mut self, claims: usize) -> rusqlite::Result<()> {
         let need = i64::try_from(claims).unwrap_or(i64::MAX);
-        let counter = stored_fence(&self.conn)?;
-        if counter != self.fences.limit {
-            // Another writer reserved since (the counter is above), or this
-            // writer's last raise was rolled back (below): start above
-            // both, so that no fence is drawn twice, not even one that only
-            // rolled-back work saw.
-            let from = counter.max(self.fences.limit);
-            self.fences = FenceBlock {
-                drawn: from,
-                limit: from,
-            };
+        let version: i64 = self
+            .conn
+            .prepare_cached("PRAGMA data_version")?
+            .query_row([], |r| r.get(0))?;
+        if self.counter_read_at != Some(version) {
+            let counter = stored_fence(&self.conn)?;
+            if counter != self.fences.limit {
+                // Another writer reserved since (the counter is above), or
+                // this writer's last raise was rolled back (below): start
+                // above both, so that no fence is drawn twice, not even one
+                // that only rolled-back work saw.
+                let from = counter.max(self.fences.limit);
+                self.fences = FenceBlock {
+                    drawn: from,
+                    limit: from,
+                };
+            }
+            self.counter_read_at = Some(version);
         }
         if self.fences.remaining() >= need {
             return Ok(());
