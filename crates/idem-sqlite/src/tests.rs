@@ -305,6 +305,25 @@ fn two_stores_on_one_file_never_draw_the_same_fence() {
             }
         }
         assert_eq!(seen.len(), 200 + 40 + 8 * 25);
+
+        // A race on one key through both stores: exactly one claim acquires.
+        let raced = unique_id("two-writers-race");
+        let racers: Vec<_> = (0..16)
+            .map(|t| {
+                let store = if t % 2 == 0 { a.clone() } else { b.clone() };
+                let req = request(&raced, "{}", t0());
+                tokio::spawn(async move { store.claim(&req).await.unwrap() })
+            })
+            .collect();
+        let mut acquired = 0;
+        for racer in racers {
+            match racer.await.unwrap() {
+                Claim::Acquired(_) => acquired += 1,
+                Claim::InFlight { .. } => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(acquired, 1);
     });
 }
 
