@@ -75,7 +75,9 @@ CREATE INDEX idem_records_scope_key ON idem_records (scope, key);
 const SCHEMA_V4: &str = "
 CREATE TABLE idem_counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 INSERT INTO idem_counters (name, value)
-SELECT 'fence', CASE WHEN drawn > 0 THEN drawn + 1048576 ELSE 0 END FROM (SELECT max(
+SELECT 'fence', CASE WHEN drawn <= 0 THEN 0
+    WHEN drawn > 9223372036854775807 - 1048576 THEN 9223372036854775807
+    ELSE drawn + 1048576 END FROM (SELECT max(
     coalesce((SELECT value FROM idem_meta WHERE name = 'fence'), 0),
     coalesce((SELECT max(fence) FROM idem_records), 0)) AS drawn);
 DROP TABLE idem_meta;
@@ -107,22 +109,28 @@ CREATE INDEX idem_records_stale ON idem_records (lease_until, scope, operation, 
 ";
 
 /// Schema 4's rebuild, keeping what an application put beside the records
-/// (atomic mode invites its tables into the file): triggers on the records
-/// table are saved and created again, and the rename runs in SQLite's
-/// legacy mode, which neither checks nor rewrites views (a view over the
-/// records would otherwise fail the rename, and with it the migration).
+/// (atomic mode invites its tables into the file): its triggers and
+/// indexes on the records table are saved and created again, and the
+/// rename runs in SQLite's legacy mode, which neither checks nor rewrites
+/// views (a view over the records would otherwise fail the rename, and
+/// with it the migration).
 fn migrate_to_v4(conn: &Connection) -> rusqlite::Result<()> {
-    let triggers: Vec<String> = conn
+    // Triggers and indexes of the application's on the records (names as
+    // it wrote them, in any case); idem's own indexes are created again by
+    // the migration itself.
+    let kept: Vec<String> = conn
         .prepare(
             "SELECT sql FROM sqlite_schema \
-             WHERE type = 'trigger' AND tbl_name = 'idem_records' AND sql IS NOT NULL",
+             WHERE type IN ('trigger', 'index') AND tbl_name = 'idem_records' COLLATE NOCASE \
+             AND sql IS NOT NULL AND name NOT IN \
+             ('idem_records_expires_at', 'idem_records_stale', 'idem_records_scope_key')",
         )?
         .query_map([], |r| r.get(0))?
         .collect::<rusqlite::Result<_>>()?;
     conn.pragma_update(None, "legacy_alter_table", true)?;
     let rebuilt = conn
         .execute_batch(SCHEMA_V4)
-        .and_then(|()| triggers.iter().try_for_each(|sql| conn.execute_batch(sql)));
+        .and_then(|()| kept.iter().try_for_each(|sql| conn.execute_batch(sql)));
     let legacy_off = conn.pragma_update(None, "legacy_alter_table", false);
     rebuilt.and(legacy_off)
 }

@@ -23,16 +23,22 @@
 //! read (`PRAGMA data_version`, inside the transaction, which excludes
 //! every other writer), and if so reads it: if another writer reserved
 //! since this one did, the rest of this one's block is given up and a new
-//! one reserved above theirs. So two stores on
-//! one file (two processes) never draw the same fence, and fences grow in
+//! one reserved above theirs. So two stores on one file (two processes)
+//! never draw the same fence for work that commits, and fences grow in
 //! commit order across them as within one. A claim over an existing record
 //! (a takeover, a key claimed again after it expired) takes the block's
 //! next fence when it is above the record's, as it is unless the counter
-//! was damaged, and otherwise the one above both. A batch that fails
-//! forgets what is left of its block (its reservation may have been rolled
-//! back, and another writer may reserve the same range), and the next
-//! batch starts above it: no fence is drawn twice, not even one that only
-//! rolled-back work saw.
+//! fell behind the records (a damaged file), and otherwise one above the
+//! record, the counter and the block.
+//!
+//! A batch that fails forgets what is left of its block and the next one
+//! starts above it, so this writer never draws a fence twice. The
+//! reservation itself is in the batch's transaction, though: when that
+//! transaction rolls back, another writer of the file may reserve the same
+//! range, and draw a fence that only this batch's rolled-back work saw (an
+//! atomic-mode mutation, say). Such a fence is void: nothing it guarded was
+//! committed. A mutation must not hand its fence to anything outside the
+//! transaction.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
@@ -167,13 +173,14 @@ impl FenceBlock {
     /// no later draw repeats it, even when the transaction that raised the
     /// counter to it is rolled back.
     fn above_all(&mut self, conn: &Connection, above: i64) -> rusqlite::Result<i64> {
-        let fence = fence_above_all(conn, above)?;
-        if fence > self.limit {
-            *self = FenceBlock {
-                drawn: fence,
-                limit: fence,
-            };
-        }
+        // Above the block too: a savepoint may have rolled back the raise
+        // of an earlier call, leaving the counter below what this writer
+        // handed out.
+        let fence = fence_above_all(conn, above.max(self.limit))?;
+        *self = FenceBlock {
+            drawn: fence,
+            limit: fence,
+        };
         Ok(fence)
     }
 }
@@ -185,9 +192,13 @@ fn stored_fence(conn: &Connection) -> rusqlite::Result<i64> {
 }
 
 fn store_fence(conn: &Connection, value: i64) -> rusqlite::Result<()> {
-    conn.prepare_cached("UPDATE idem_counters SET value = ?1 WHERE name = 'fence'")?
-        .execute([value])
-        .map(drop)
+    match conn
+        .prepare_cached("UPDATE idem_counters SET value = ?1 WHERE name = 'fence'")?
+        .execute([value])?
+    {
+        1 => Ok(()),
+        n => Err(rusqlite::Error::StatementChangedRows(n)),
+    }
 }
 
 fn out_of_fences() -> rusqlite::Error {
@@ -301,9 +312,12 @@ impl Writer {
             .prepare_cached("BEGIN IMMEDIATE")
             .and_then(|mut s| s.execute([]))
             .map_err(|e| sqlite_error("beginning a transaction", e))
-            .and_then(|_| {
-                self.reserve_fences(claims)
-                    .map_err(|e| sqlite_error("reserving fences", e))
+            .and_then(|_| match claims {
+                // Completions, releases and purges draw no fence.
+                0 => Ok(()),
+                n => self
+                    .reserve_fences(n)
+                    .map_err(|e| sqlite_error("reserving fences", e)),
             });
         let outcome = match begun {
             Err(e) => Err(e),
