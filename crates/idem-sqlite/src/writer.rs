@@ -152,13 +152,32 @@ struct FenceBlock {
 }
 
 impl FenceBlock {
+    /// A block with nothing left, that ends at `fence`.
+    fn used_up_at(fence: i64) -> FenceBlock {
+        FenceBlock {
+            drawn: fence,
+            limit: fence,
+        }
+    }
+
     fn remaining(&self) -> i64 {
         self.limit - self.drawn
     }
 
-    /// The block's next fence, if it has one, without drawing it.
-    fn peek(&self) -> Option<i64> {
-        (self.drawn < self.limit).then_some(self.drawn + 1)
+    /// The fence a claim over a record fenced at `above` (0 for none)
+    /// gets: the block's next one if the block has one above `above`, not
+    /// yet drawn (a claim whose insert did not happen skips nothing), and
+    /// otherwise [`Self::above_all`]'s, which is.
+    fn next_above(&mut self, conn: &Connection, above: i64) -> rusqlite::Result<i64> {
+        match self.drawn + 1 {
+            next if next <= self.limit && next > above => Ok(next),
+            _ => self.above_all(conn, above),
+        }
+    }
+
+    /// Draws `fence`, which [`Self::next_above`] gave.
+    fn draw(&mut self, fence: i64) {
+        self.drawn = self.drawn.max(fence);
     }
 
     /// Gives up what is left: the batch failed, so the reservation may
@@ -177,10 +196,7 @@ impl FenceBlock {
         // of an earlier call, leaving the counter below what this writer
         // handed out.
         let fence = fence_above_all(conn, above.max(self.limit))?;
-        *self = FenceBlock {
-            drawn: fence,
-            limit: fence,
-        };
+        *self = FenceBlock::used_up_at(fence);
         Ok(fence)
     }
 }
@@ -261,11 +277,7 @@ impl Writer {
                 // this writer's last raise was rolled back (below): start
                 // above both, so that no fence is drawn twice, not even one
                 // that only rolled-back work saw.
-                let from = counter.max(self.fences.limit);
-                self.fences = FenceBlock {
-                    drawn: from,
-                    limit: from,
-                };
+                self.fences = FenceBlock::used_up_at(counter.max(self.fences.limit));
             }
             self.counter_read_at = Some(version);
         }
@@ -447,12 +459,8 @@ impl Writer {
         // with the block's next fence, drawn only if the insert happened.
         // (The batch reserved one for each claim, and a claim draws at most
         // one; should the block be empty all the same, the fence above the
-        // counter serves, and the block is left as it is.)
-        let from_block = self.fences.peek();
-        let fence = match from_block {
-            Some(f) => f,
-            None => self.fences.above_all(&self.conn, 0)?,
-        };
+        // counter serves.)
+        let fence = self.fences.next_above(&self.conn, 0)?;
         let lease_until = req.now + req.lease;
         let expires_at = req.now + req.ttl;
         let inserted = self
@@ -473,7 +481,7 @@ impl Writer {
                 expires_at.as_millis(),
             ])?;
         if inserted == 1 {
-            self.fences.drawn = self.fences.drawn.max(fence);
+            self.fences.draw(fence);
             return Ok(Claim::Acquired(Lease {
                 fence: Fence::new(u64::try_from(fence).unwrap_or(0)),
                 lease_until,
@@ -497,19 +505,15 @@ impl Writer {
         // unless the counter fell behind the records (a damaged file).
         let above = existing
             .as_ref()
-            .map_or(0, |r| i64::try_from(r.fence.get()).unwrap_or(i64::MAX));
+            .map_or(0, |r| r.fence.to_i64().unwrap_or(i64::MAX));
         let (conn, fences) = (&self.conn, &mut self.fences);
         let mut failed = None;
         let step = transition::claim(existing.as_ref(), req, || {
-            let f = match fences.peek() {
-                Some(f) if f > above => {
-                    fences.drawn = f;
-                    Ok(f)
+            match fences.next_above(conn, above) {
+                Ok(f) => {
+                    fences.draw(f);
+                    Fence::new(u64::try_from(f).unwrap_or(0))
                 }
-                _ => fences.above_all(conn, above),
-            };
-            match f {
-                Ok(f) => Fence::new(u64::try_from(f).unwrap_or(0)),
                 Err(e) => {
                     failed = Some(e);
                     Fence::new(0)
@@ -532,7 +536,7 @@ impl Writer {
                     rec.id.key.as_str(),
                     rec.fingerprint.as_bytes(),
                     rec.status.code(),
-                    i64::try_from(rec.fence.get()).unwrap_or(i64::MAX),
+                    rec.fence.to_i64().unwrap_or(i64::MAX),
                     rec.created_at.as_millis(),
                     rec.lease_until.map(Timestamp::as_millis),
                     rec.expires_at.as_millis(),
