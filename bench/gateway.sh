@@ -14,6 +14,12 @@
 # row, "nginx hop in a process of its own", is a diagnostic: the same
 # hop in a second nginx, which reaches the upstream across processes as the
 # gateway does; its CPU is that hop's alone. Ratios stay to the reference.
+# "preempted/request" is the measured process's (the one whose CPU is
+# counted) nonvoluntary context switches, summed over its threads
+# (/proc/PID/task/*/status), over the requests: how often the kernel took a
+# CPU from it while it could still run, which is what the p99 of a row
+# follows when more threads want the CPUs than there are (BENCHMARKS.md,
+# "Preemptions", 2026-12-03).
 #
 # Stores: memory, SQLite (synchronous=FULL, the default) and, when
 # IDEM_TEST_POSTGRES_URL / IDEM_TEST_REDIS_URL are set, PostgreSQL and
@@ -151,6 +157,16 @@ wrk.method = "GET"
 EOF
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# Times the kernel took the CPU from each of the process's threads while it
+# could still run (nonvoluntary context switches), one "path:count" line a
+# thread. A thread may end between the listing and the read: tolerated.
+preemptions() { grep -H '^nonvoluntary_ctxt_switches' /proc/"$1"/task/*/status 2>/dev/null || true; }
+# The switches between two such readings, thread by thread: a thread born
+# in between counts from zero, one that ended loses only this row's share.
+preempted_between() {
+    awk -F: 'NR == FNR { b[$1] = $NF; next } { n += $NF - b[$1] } END { print n + 0 }' \
+        <(printf '%s\n' "$1") <(printf '%s\n' "$2")
+}
 TICK_US=$((1000000 / $(getconf CLK_TCK)))
 RUN_ID=$RANDOM
 
@@ -163,18 +179,23 @@ row() {
     # A short warm-up (connections, the replayed key's first execution).
     wrk -t2 -c"$CONNS" -d1s -s "$lua" "$url" >/dev/null 2>&1 || true
     sed "s/RUN/$RUN_ID$RANDOM/" "$WORK/$script.lua" >"$lua"
-    local before after out
+    local before after out preempted_before preempted_after
     before="$(cpu_ticks "$pid")"
+    preempted_before="$(preemptions "$pid")"
     out="$(wrk -t2 -c"$CONNS" -d"${SECS}s" --latency -s "$lua" "$url")"
     after="$(cpu_ticks "$pid")"
+    preempted_after="$(preemptions "$pid")"
     local rps reqs p99 non2xx
     rps="$(echo "$out" | awk '/^Requests\/sec/ {print $2}')"
     reqs="$(echo "$out" | awk '/requests in/ {print $1}')"
     p99="$(echo "$out" | awk '$1 == "99%" {print $2}')"
     non2xx="$(echo "$out" | awk '/Non-2xx/ {print $5}')"
     local cpu_us=$(( (after - before) * TICK_US / (reqs > 0 ? reqs : 1) ))
-    printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$ROUND" "$name" "$rps" "$p99" "$cpu_us" "${non2xx:-0}" >>"$WORK/rows.tsv"
-    printf 'bench: %-40s %10s req/s  p99 %-8s %5s us/req  non-2xx %s\n' "$name" "$rps" "$p99" "$cpu_us" "${non2xx:-0}" >&2
+    local preempted
+    preempted="$(awk -v n="$(preempted_between "$preempted_before" "$preempted_after")" -v r="$reqs" \
+        'BEGIN { printf "%.3f", n / (r > 0 ? r : 1) }')"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$ROUND" "$name" "$rps" "$p99" "$cpu_us" "${non2xx:-0}" "$preempted" >>"$WORK/rows.tsv"
+    printf 'bench: %-40s %10s req/s  p99 %-8s %5s us/req  preempted %s/req  non-2xx %s\n' "$name" "$rps" "$p99" "$cpu_us" "$preempted" "${non2xx:-0}" >&2
 }
 
 # gateway NAME STORE: starts `idem serve`, runs its rows, stops it.
@@ -234,11 +255,11 @@ import statistics, sys
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
 hops = {r[0]: float(r[2]) for r in rows if r[1] == "nginx proxy hop"}
 names, by_name = [], {}
-for rnd, name, rps, p99, cpu, bad in rows:
+for rnd, name, rps, p99, cpu, bad, preempted in rows:
     if name not in by_name:
         names.append(name)
         by_name[name] = []
-    by_name[name].append((rnd, float(rps), p99, int(cpu), int(bad)))
+    by_name[name].append((rnd, float(rps), p99, int(cpu), int(bad), float(preempted)))
 
 def ms(p99):
     # wrk prints us, ms or s.
@@ -249,8 +270,8 @@ def ms(p99):
 
 rounds = int(sys.argv[4])
 print(f"wrk -t2 -c{sys.argv[2]}, {sys.argv[3]} s a row, {rounds} round(s), medians\n")
-print("| row | req/s | × nginx hop | p99 ms | CPU µs/request | non-2xx |")
-print("|---|---:|---:|---:|---:|---:|")
+print("| row | req/s | × nginx hop | p99 ms | CPU µs/request | preempted/request | non-2xx |")
+print("|---|---:|---:|---:|---:|---:|---:|")
 for name in names:
     runs = by_name[name]
     ratios = [rps / hops[rnd] for rnd, rps, *_ in runs if hops.get(rnd)]
@@ -259,5 +280,6 @@ for name in names:
     p99 = statistics.median(ms(r[2]) for r in runs)
     cpu = statistics.median(r[3] for r in runs)
     bad = sum(r[4] for r in runs)
-    print(f"| {name} | {rps:,.0f} | {ratio} | {p99:.1f} | {cpu:.0f} | {bad} |")
+    preempted = statistics.median(r[5] for r in runs)
+    print(f"| {name} | {rps:,.0f} | {ratio} | {p99:.1f} | {cpu:.0f} | {preempted:.3f} | {bad} |")
 EOF
