@@ -245,28 +245,30 @@ pub(crate) struct InProgress {
 
 impl InProgress {
     pub(crate) fn begin(&self, meters: &Meters) -> u64 {
-        let id = {
-            // The id is taken under the lock, so ids and start times grow
-            // together and the first entry is the oldest.
-            let mut started = self.lock();
-            let id = self.next.fetch_add(1, Ordering::Relaxed);
-            started.insert(id, Instant::now());
-            id
-        };
-        self.report(meters);
+        // The id is taken under the lock, so ids and start times grow
+        // together and the first entry is the oldest. The gauges are set
+        // in the same hold: one lock an event, not two.
+        let mut started = self.lock();
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        started.insert(id, Instant::now());
+        Self::report_locked(&started, meters);
         id
     }
 
     pub(crate) fn end(&self, id: u64, meters: &Meters) {
-        self.lock().remove(&id);
-        self.report(meters);
+        let mut started = self.lock();
+        started.remove(&id);
+        Self::report_locked(&started, meters);
     }
 
     /// Sets both gauges; call it on a timer too, since the oldest age grows
     /// without any event.
     pub(crate) fn report(&self, meters: &Meters) {
+        Self::report_locked(&self.lock(), meters);
+    }
+
+    fn report_locked(started: &BTreeMap<u64, Instant>, meters: &Meters) {
         let handles = meters.handles();
-        let started = self.lock();
         handles.in_progress.set(started.len() as f64);
         let oldest = started
             .first_key_value()
@@ -284,6 +286,37 @@ impl InProgress {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Both gauges are set at every begin and end, not only on the timer:
+    /// an application that never calls `report_metrics` still sees them.
+    #[test]
+    fn the_in_progress_gauges_follow_every_begin_and_end() {
+        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let gauge = |name: &str| {
+            snapshotter
+                .snapshot()
+                .into_vec()
+                .into_iter()
+                .find_map(|(k, _, _, v)| match v {
+                    DebugValue::Gauge(g) if k.key().name() == name => Some(g.into_inner()),
+                    _ => None,
+                })
+        };
+        metrics::with_local_recorder(&recorder, || {
+            let (meters, in_progress) = (Meters::default(), InProgress::default());
+            let first = in_progress.begin(&meters);
+            let second = in_progress.begin(&meters);
+            assert_eq!(gauge(IN_PROGRESS), Some(2.0));
+            assert!(gauge(OLDEST).is_some_and(|age| age >= 0.0));
+            in_progress.end(first, &meters);
+            assert_eq!(gauge(IN_PROGRESS), Some(1.0));
+            in_progress.end(second, &meters);
+            assert_eq!(gauge(IN_PROGRESS), Some(0.0));
+            assert_eq!(gauge(OLDEST), Some(0.0));
+        });
+    }
 
     /// The handles are indexed by `index`: each list must be in that order
     /// and name every variant once.
