@@ -294,27 +294,40 @@ mod tests {
         use metrics_util::debugging::{DebugValue, DebuggingRecorder};
         let recorder = DebuggingRecorder::new();
         let snapshotter = recorder.snapshotter();
-        let gauge = |name: &str| {
-            snapshotter
-                .snapshot()
-                .into_vec()
-                .into_iter()
-                .find_map(|(k, _, _, v)| match v {
-                    DebugValue::Gauge(g) if k.key().name() == name => Some(g.into_inner()),
-                    _ => None,
-                })
-        };
         metrics::with_local_recorder(&recorder, || {
             let (meters, in_progress) = (Meters::default(), InProgress::default());
-            let first = in_progress.begin(&meters);
-            let second = in_progress.begin(&meters);
-            assert_eq!(gauge(IN_PROGRESS), Some(2.0));
-            assert!(gauge(OLDEST).is_some_and(|age| age >= 0.0));
-            in_progress.end(first, &meters);
-            assert_eq!(gauge(IN_PROGRESS), Some(1.0));
-            in_progress.end(second, &meters);
-            assert_eq!(gauge(IN_PROGRESS), Some(0.0));
-            assert_eq!(gauge(OLDEST), Some(0.0));
+            // Runs `event` with both gauges set to -1 first, so that what
+            // the snapshot reads is what the event wrote (a snapshot also
+            // zeroes the gauges it reads).
+            let after = |event: &dyn Fn()| {
+                meters.handles().in_progress.set(-1.0);
+                meters.handles().oldest.set(-1.0);
+                event();
+                let (mut count, mut oldest) = (None, None);
+                for (k, _, _, v) in snapshotter.snapshot().into_vec() {
+                    if let DebugValue::Gauge(g) = v {
+                        match k.key().name() {
+                            IN_PROGRESS => count = Some(g.into_inner()),
+                            OLDEST => oldest = Some(g.into_inner()),
+                            _ => {}
+                        }
+                    }
+                }
+                (count, oldest)
+            };
+            let first = std::cell::Cell::new(0);
+            let second = std::cell::Cell::new(0);
+            let (count, oldest) = after(&|| first.set(in_progress.begin(&meters)));
+            assert_eq!(count, Some(1.0));
+            assert!(oldest.is_some_and(|age| age >= 0.0), "{oldest:?}");
+            let (count, oldest) = after(&|| second.set(in_progress.begin(&meters)));
+            assert_eq!(count, Some(2.0));
+            assert!(oldest.is_some_and(|age| age >= 0.0), "{oldest:?}");
+            let (count, oldest) = after(&|| in_progress.end(first.get(), &meters));
+            assert_eq!(count, Some(1.0));
+            assert!(oldest.is_some_and(|age| age >= 0.0), "{oldest:?}");
+            let (count, oldest) = after(&|| in_progress.end(second.get(), &meters));
+            assert_eq!((count, oldest), (Some(0.0), Some(0.0)));
         });
     }
 
