@@ -217,6 +217,13 @@ fn store_fence(conn: &Connection, value: i64) -> rusqlite::Result<()> {
     }
 }
 
+/// A fence drawn from the counter as the record's type. Drawn fences are
+/// positive; a negative one (a damaged counter) becomes 0, which no claim
+/// holds.
+fn drawn_fence(fence: i64) -> Fence {
+    Fence::new(u64::try_from(fence).unwrap_or(0))
+}
+
 fn out_of_fences() -> rusqlite::Error {
     rusqlite::Error::IntegralValueOutOfRange(0, i64::MAX)
 }
@@ -483,7 +490,7 @@ impl Writer {
         if inserted == 1 {
             self.fences.draw(fence);
             return Ok(Claim::Acquired(Lease {
-                fence: Fence::new(u64::try_from(fence).unwrap_or(0)),
+                fence: drawn_fence(fence),
                 lease_until,
                 expires_at,
                 takeover: false,
@@ -512,7 +519,7 @@ impl Writer {
             match fences.next_above(conn, above) {
                 Ok(f) => {
                     fences.draw(f);
-                    Fence::new(u64::try_from(f).unwrap_or(0))
+                    drawn_fence(f)
                 }
                 Err(e) => {
                     failed = Some(e);
