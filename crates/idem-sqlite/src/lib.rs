@@ -36,16 +36,17 @@
 //!
 //! # Layout
 //!
-//! One table, `idem_records`, keyed by (scope, key, operation) (schema 4;
-//! the look-up by key whatever the operation searches its prefix), with an
+//! One table, `idem_records`, its rows in the order they were written
+//! (schema 5: a table with a rowid, so a batch's claims append to the same
+//! few pages), found by a unique index on (scope, key, operation) (the
+//! look-up by key whatever the operation searches its prefix), with an
 //! index on `expires_at` (purge) and a partial index on the lease end of
 //! in-progress records (the stale listing, schema 2); and `idem_counters`,
 //! which holds the fence counter: the highest fence any writer may have
 //! drawn (writers reserve blocks of it, so two processes on one file never
-//! draw the same fence). Older files are migrated on open; schema 4
-//! rebuilds the table once, keeping the application's triggers and views
-//! on it. Stop every process using the file before an upgrade: one that
-//! runs an older idem on a migrated file fails its claims.
+//! draw the same fence). Older files are migrated on open; schema 5
+//! rebuilds the table once, keeping the application's triggers, indexes
+//! and views on it. Stop every process using the file before an upgrade.
 //!
 //! # Behavior
 //!

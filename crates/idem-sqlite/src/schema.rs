@@ -20,11 +20,12 @@ pub(crate) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
 /// Migration `i` takes the schema from version `i` to `i + 1`, inside the
 /// migration's transaction.
-const MIGRATIONS: [fn(&Connection) -> rusqlite::Result<()>; 4] = [
+const MIGRATIONS: [fn(&Connection) -> rusqlite::Result<()>; 5] = [
     |c| c.execute_batch(SCHEMA_V1),
     |c| c.execute_batch(SCHEMA_V2),
     |c| c.execute_batch(SCHEMA_V3),
-    migrate_to_v4,
+    |c| c.execute_batch(SCHEMA_V4),
+    migrate_to_v5,
 ];
 
 const SCHEMA_V1: &str = "
@@ -60,18 +61,18 @@ const SCHEMA_V3: &str = "
 CREATE INDEX idem_records_scope_key ON idem_records (scope, key);
 ";
 
-/// The primary key in (scope, key, operation) order: the look-up by
-/// (scope, key) searches the table itself, so the index of schema 3 goes,
-/// and with it one B-tree insert (and its WAL page) for every claim. The
-/// table is rebuilt once, on open, in the migration's transaction.
-///
 /// The fence counter moves from `idem_meta` to `idem_counters`, raised
 /// above the largest fence a record holds, and then (in a file that drew
-/// any) by 2^20 more for the fences of records since released or purged (an older idem with two
-/// processes on one file could lower the counter below what it had drawn).
-/// An older idem still running on the file when it is migrated then cannot
-/// draw a fence any more (its claims fail, closed) instead of drawing from
-/// its own stale count.
+/// any) by 2^20 more for the fences of records since released or purged (an
+/// older idem with two processes on one file could lower the counter below
+/// what it had drawn). An older idem still running on the file when it is
+/// migrated then cannot draw a fence any more (its claims fail, closed)
+/// instead of drawing from its own stale count.
+///
+/// Schema 4 also rebuilt the table keyed by (scope, key, operation), which
+/// dropped schema 3's (scope, key) index. Schema 5 rebuilds it again, so a
+/// file older than 4 gets only schema 5's rebuild, once: migration 4 is the
+/// counter alone (and schema 3's index goes with the old table).
 const SCHEMA_V4: &str = "
 CREATE TABLE idem_counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 INSERT INTO idem_counters (name, value)
@@ -81,7 +82,24 @@ SELECT 'fence', CASE WHEN drawn <= 0 THEN 0
     coalesce((SELECT value FROM idem_meta WHERE name = 'fence'), 0),
     coalesce((SELECT max(fence) FROM idem_records), 0)) AS drawn);
 DROP TABLE idem_meta;
-CREATE TABLE idem_records_v4 (
+";
+
+/// Records in the order they were written, found by key through a unique
+/// index: a table with a rowid, where schema 4's table was keyed by (scope,
+/// key, operation) itself.
+///
+/// A new key's claim used to insert its whole row into a random page of
+/// the table, and its completion rewrote that page in a later commit: two
+/// WAL frames of the table's a request. Now the claim appends the row to
+/// the table's last pages, which every claim of a batch shares, and puts
+/// only the key into a random page of the index; the completion rewrites
+/// the row where the batch's other completions are (BENCHMARKS.md, "The
+/// SQLite records in the order they were written"). The index enforces the
+/// key's uniqueness as the primary key did, under the same columns, so the
+/// statements do not change. The rowid is implicit: no column is added, and
+/// `SELECT *` reads what it read before.
+const SCHEMA_V5: &str = "
+CREATE TABLE idem_records_v5 (
     scope            TEXT    NOT NULL,
     operation        TEXT    NOT NULL,
     key              TEXT    NOT NULL,
@@ -94,42 +112,45 @@ CREATE TABLE idem_records_v4 (
     resource_id      TEXT,
     response_status  INTEGER,
     response_headers BLOB,
-    response_body    BLOB,
-    PRIMARY KEY (scope, key, operation)
-) WITHOUT ROWID;
-INSERT INTO idem_records_v4 (scope, operation, key, fingerprint, status, fence, created_at,
+    response_body    BLOB
+);
+INSERT INTO idem_records_v5 (scope, operation, key, fingerprint, status, fence, created_at,
     lease_until, expires_at, resource_id, response_status, response_headers, response_body)
 SELECT scope, operation, key, fingerprint, status, fence, created_at,
     lease_until, expires_at, resource_id, response_status, response_headers, response_body
-FROM idem_records;
+FROM idem_records ORDER BY created_at, scope, key, operation;
 DROP TABLE idem_records;
-ALTER TABLE idem_records_v4 RENAME TO idem_records;
+ALTER TABLE idem_records_v5 RENAME TO idem_records;
+CREATE UNIQUE INDEX idem_records_key ON idem_records (scope, key, operation);
 CREATE INDEX idem_records_expires_at ON idem_records (expires_at);
 CREATE INDEX idem_records_stale ON idem_records (lease_until, scope, operation, key) WHERE status = 0;
 ";
 
-/// Schema 4's rebuild, keeping what an application put beside the records
-/// (atomic mode invites its tables into the file): its triggers and
-/// indexes on the records table are saved and created again, and the
-/// rename runs in SQLite's legacy mode, which neither checks nor rewrites
-/// views (a view over the records would otherwise fail the rename, and
-/// with it the migration).
-fn migrate_to_v4(conn: &Connection) -> rusqlite::Result<()> {
+/// The indexes idem itself creates on the records, in any schema.
+const OWN_INDEXES: &str =
+    "'idem_records_expires_at', 'idem_records_stale', 'idem_records_scope_key', 'idem_records_key'";
+
+/// Rebuilds the records table (schema 5), keeping what an
+/// application put beside the records (atomic mode invites its tables into
+/// the file): its triggers and indexes on the records table are saved and
+/// created again, and the rename runs in SQLite's legacy mode, which
+/// neither checks nor rewrites views (a view over the records would
+/// otherwise fail the rename, and with it the migration).
+fn migrate_to_v5(conn: &Connection) -> rusqlite::Result<()> {
     // Triggers and indexes of the application's on the records (names as
     // it wrote them, in any case); idem's own indexes are created again by
     // the migration itself.
     let kept: Vec<String> = conn
-        .prepare(
+        .prepare(&format!(
             "SELECT sql FROM sqlite_schema \
              WHERE type IN ('trigger', 'index') AND tbl_name = 'idem_records' COLLATE NOCASE \
-             AND sql IS NOT NULL AND name NOT IN \
-             ('idem_records_expires_at', 'idem_records_stale', 'idem_records_scope_key')",
-        )?
+             AND sql IS NOT NULL AND name NOT IN ({OWN_INDEXES})"
+        ))?
         .query_map([], |r| r.get(0))?
         .collect::<rusqlite::Result<_>>()?;
     conn.pragma_update(None, "legacy_alter_table", true)?;
     let rebuilt = conn
-        .execute_batch(SCHEMA_V4)
+        .execute_batch(SCHEMA_V5)
         .and_then(|()| kept.iter().try_for_each(|sql| conn.execute_batch(sql)));
     let legacy_off = conn.pragma_update(None, "legacy_alter_table", false);
     rebuilt.and(legacy_off)
@@ -197,8 +218,8 @@ pub(crate) fn open_writer(path: &Path, sync: Synchronous) -> Result<Connection, 
 
     if tables == 0 || version < SCHEMA_VERSION {
         migrate(&conn).map_err(|e| setup_error(path, "cannot create or migrate the schema", e))?;
-        if tables != 0 && version < 4 {
-            // Schema 4 rewrote the whole table through the WAL (about 1.7
+        if tables != 0 && version < 5 {
+            // Schema 5 rewrote the whole table through the WAL (about 1.7
             // times the file's size; BENCHMARKS.md): copy it into the file
             // now and give the WAL's disk back. Only space is at stake: a
             // checkpoint that cannot finish (a reader of another process)

@@ -581,10 +581,11 @@ fn a_version_1_store_is_migrated_on_open() {
     assert_eq!(n, 2);
 }
 
-/// Rewrites a store file as schema `version` (1 to 3) had it, with the
-/// same records: the primary key in (scope, operation, key) order, the
-/// indexes of that version, and the fence counter in `idem_meta` (its value
-/// `counter`, or the file's own).
+/// Rewrites a store file as schema `version` (1 to 4) had it, with the
+/// same records: a table without rowid keyed by (scope, operation, key)
+/// (schema 4: (scope, key, operation)), the indexes of that version, and
+/// the fence counter (in `idem_meta` before schema 4) at `counter`, or at
+/// the file's own value.
 fn rewrite_as_old_schema(c: &Connection, version: i64, counter: Option<i64>) {
     let counter: i64 = match counter {
         Some(n) => n,
@@ -596,13 +597,30 @@ fn rewrite_as_old_schema(c: &Connection, version: i64, counter: Option<i64>) {
             )
             .unwrap(),
     };
-    let indexes = [
-        "",
-        "CREATE INDEX idem_records_stale ON idem_records (lease_until, scope, operation, key) \
-         WHERE status = 0;",
-        "CREATE INDEX idem_records_scope_key ON idem_records (scope, key);",
-    ];
-    let later: String = indexes[..usize::try_from(version).unwrap()].concat();
+    let stale = "CREATE INDEX idem_records_stale ON idem_records (lease_until, scope, operation, key) \
+         WHERE status = 0;";
+    let (primary_key, later, counter_sql) = if version == 4 {
+        (
+            "scope, key, operation",
+            stale.to_owned(),
+            format!("UPDATE idem_counters SET value = {counter} WHERE name = 'fence';"),
+        )
+    } else {
+        let indexes = [
+            "",
+            stale,
+            "CREATE INDEX idem_records_scope_key ON idem_records (scope, key);",
+        ];
+        (
+            "scope, operation, key",
+            indexes[..usize::try_from(version).unwrap()].concat(),
+            format!(
+                "DROP TABLE idem_counters;
+                 CREATE TABLE idem_meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
+                 INSERT INTO idem_meta (name, value) VALUES ('fence', {counter});"
+            ),
+        )
+    };
     c.execute_batch(&format!(
         "BEGIN;
          CREATE TEMP TABLE saved AS SELECT * FROM idem_records;
@@ -612,15 +630,13 @@ fn rewrite_as_old_schema(c: &Connection, version: i64, counter: Option<i64>) {
              fingerprint BLOB NOT NULL, status INTEGER NOT NULL, fence INTEGER NOT NULL,
              created_at INTEGER NOT NULL, lease_until INTEGER, expires_at INTEGER NOT NULL,
              resource_id TEXT, response_status INTEGER, response_headers BLOB,
-             response_body BLOB, PRIMARY KEY (scope, operation, key)
+             response_body BLOB, PRIMARY KEY ({primary_key})
          ) WITHOUT ROWID;
          CREATE INDEX idem_records_expires_at ON idem_records (expires_at);
          {later}
          INSERT INTO idem_records SELECT * FROM saved;
          DROP TABLE saved;
-         DROP TABLE idem_counters;
-         CREATE TABLE idem_meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
-         INSERT INTO idem_meta (name, value) VALUES ('fence', {counter});
+         {counter_sql}
          PRAGMA user_version = {version};
          COMMIT;"
     ))
@@ -628,8 +644,8 @@ fn rewrite_as_old_schema(c: &Connection, version: i64, counter: Option<i64>) {
 }
 
 /// The statements the store runs search the B-trees they were laid out
-/// for: a claim and a completion the primary key, the look-up by key its
-/// (scope, key) prefix, the purge the expiry index and then the key.
+/// for: a claim and a completion the unique key index, the look-up by key
+/// its (scope, key) prefix, the purge the expiry index and then the rowid.
 #[test]
 fn queries_search_the_keys_they_were_laid_out_for() {
     let dir = tempfile::tempdir().unwrap();
@@ -638,9 +654,10 @@ fn queries_search_the_keys_they_were_laid_out_for() {
     let c = Connection::open(&path).unwrap();
     let plan = |sql: &str| -> String {
         let mut stmt = c.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        // Any parameters are left unbound (NULL): the plan does not depend on them.
         let rows = stmt
-            .query_map([], |r| r.get::<_, String>(3))
-            .unwrap()
+            .raw_query()
+            .mapped(|r| r.get::<_, String>(3))
             .collect::<rusqlite::Result<Vec<_>>>()
             .unwrap();
         rows.join(" | ")
@@ -652,7 +669,7 @@ fn queries_search_the_keys_they_were_laid_out_for() {
         row::COLUMNS
     ));
     assert!(
-        by_key.contains("USING PRIMARY KEY (scope=? AND key=?)"),
+        by_key.contains("USING INDEX idem_records_key (scope=? AND key=?)"),
         "{by_key}"
     );
     let one = plan(
@@ -660,15 +677,12 @@ fn queries_search_the_keys_they_were_laid_out_for() {
          WHERE scope = 's' AND operation = 'o' AND key = 'k' AND fence = 1 AND status = 0",
     );
     assert!(
-        one.contains("USING PRIMARY KEY (scope=? AND key=? AND operation=?)"),
+        one.contains("USING INDEX idem_records_key (scope=? AND key=? AND operation=?)"),
         "{one}"
     );
-    let purge = plan(
-        "DELETE FROM idem_records WHERE (scope, key, operation) IN \
-         (SELECT scope, key, operation FROM idem_records WHERE expires_at <= 5 LIMIT 10)",
-    );
+    let purge = plan(crate::writer::PURGE);
     assert!(
-        purge.contains("USING PRIMARY KEY (scope=? AND key=? AND operation=?)")
+        purge.contains("USING INTEGER PRIMARY KEY (rowid=?)")
             && purge.contains("INDEX idem_records_expires_at (expires_at<?)"),
         "{purge}"
     );
@@ -706,22 +720,33 @@ fn a_version_2_store_is_migrated_on_open() {
     let v: i64 = c
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(v, 4);
     assert_eq!(v, schema::SCHEMA_VERSION);
 }
 
 /// A file written by schema 3 (primary key (scope, operation, key) and an
-/// index on (scope, key)) is rebuilt with the key in (scope, key,
-/// operation) order: every record and every column is kept, the index
-/// goes, and the records are replayed, found by key, and purged as before.
+/// index on (scope, key)) is rebuilt as a table with a rowid, found by key
+/// through one unique index: every record and every column is kept, the
+/// (scope, key) index goes, and the records are replayed, found by key,
+/// and purged as before.
 #[test]
 fn a_version_3_store_is_rebuilt_on_open_with_every_record() {
+    rebuilt_on_open_with_every_record(3);
+}
+
+/// The same for a file written by schema 4 (a table without rowid, keyed
+/// by (scope, key, operation)).
+#[test]
+fn a_version_4_store_is_rebuilt_on_open_with_every_record() {
+    rebuilt_on_open_with_every_record(4);
+}
+
+fn rebuilt_on_open_with_every_record(version: i64) {
     use idem_testkit::{TTL, request, response, t0, unique_id};
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("v3.db");
+    let path = dir.path().join("old.db");
     let rt = idem_testkit::runtime();
-    let done = unique_id("migrate-v3-done");
-    let running = unique_id("migrate-v3-running");
+    let done = unique_id("migrate-old-done");
+    let running = unique_id("migrate-old-running");
     let fences = rt.block_on(async {
         let store = SqliteStore::open(&path).unwrap();
         let a = acquire(&store, &done, t0()).await;
@@ -733,14 +758,14 @@ fn a_version_3_store_is_rebuilt_on_open_with_every_record() {
         let b = acquire(&store, &running, t0()).await;
         (a.fence, b.fence)
     });
-    // Rewrite the file as schema 3 had it, with the same rows.
+    // Rewrite the file as the old schema had it, with the same rows.
     let c = Connection::open(&path).unwrap();
     let before: Vec<Vec<rusqlite::types::Value>> = all_rows(&c);
-    rewrite_as_old_schema(&c, 3, None);
+    rewrite_as_old_schema(&c, version, None);
     drop(c);
 
     let store = SqliteStore::open(&path).unwrap();
-    let wal = std::fs::metadata(dir.path().join("v3.db-wal"))
+    let wal = std::fs::metadata(dir.path().join("old.db-wal"))
         .unwrap()
         .len();
     assert_eq!(
@@ -761,7 +786,21 @@ fn a_version_3_store_is_rebuilt_on_open_with_every_record() {
         .unwrap(),
     );
     assert_eq!(v, schema::SCHEMA_VERSION);
-    assert_eq!(indexes, "idem_records_expires_at,idem_records_stale");
+    assert_eq!(
+        indexes,
+        "idem_records_expires_at,idem_records_key,idem_records_stale"
+    );
+    let table: String = c
+        .query_row(
+            "SELECT sql FROM sqlite_schema WHERE name = 'idem_records'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(
+        !table.contains("WITHOUT ROWID") && !table.contains("PRIMARY KEY"),
+        "{table}"
+    );
     rt.block_on(async {
         let Claim::Replay(rec) = store.claim(&request(&done, "{}", t0())).await.unwrap() else {
             panic!("expected a replay of the migrated record")
@@ -775,7 +814,7 @@ fn a_version_3_store_is_rebuilt_on_open_with_every_record() {
         assert_eq!(found.len(), 1);
         assert_eq!(found[0].fence, fences.1);
         // New fences stay above the migrated ones.
-        let other = unique_id("migrate-v3-new");
+        let other = unique_id("migrate-old-new");
         let lease = acquire(&store, &other, t0()).await;
         assert!(lease.fence > fences.1);
         let later = t0() + TTL + std::time::Duration::from_secs(1);
@@ -943,11 +982,18 @@ fn a_counter_behind_its_records_is_raised_by_the_migration() {
 }
 
 /// What an application put beside the records (atomic mode invites its
-/// tables into the file) survives schema 4's rebuild: a view over the
-/// records still reads them, a trigger on them (its table named in another
-/// case) still fires, and an index on them is still there.
+/// tables into the file) survives the rebuild, from schema 3 and from
+/// schema 4: a view over the records still reads them, a trigger on them
+/// (its table named in another case) still fires, and an index on them is
+/// still there.
 #[test]
 fn the_rebuild_keeps_views_and_triggers_on_the_records() {
+    for version in [3, 4] {
+        rebuild_keeps_views_and_triggers(version);
+    }
+}
+
+fn rebuild_keeps_views_and_triggers(version: i64) {
     use idem_testkit::{request, response, t0, unique_id};
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("app.db");
@@ -959,7 +1005,7 @@ fn the_rebuild_keeps_views_and_triggers_on_the_records() {
         acquire(&store, &id, t0()).await
     });
     let c = Connection::open(&path).unwrap();
-    rewrite_as_old_schema(&c, 3, None);
+    rewrite_as_old_schema(&c, version, None);
     c.execute_batch(
         "CREATE TABLE app_audit (key TEXT NOT NULL, status INTEGER NOT NULL);
          CREATE VIEW app_done AS SELECT key FROM idem_records WHERE status = 1;

@@ -583,13 +583,15 @@ impl Writer {
     fn purge(&mut self, now: Timestamp, limit: usize) -> rusqlite::Result<usize> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         self.conn
-            .prepare_cached(
-                "DELETE FROM idem_records WHERE (scope, key, operation) IN \
-                 (SELECT scope, key, operation FROM idem_records WHERE expires_at <= ?1 LIMIT ?2)",
-            )?
+            .prepare_cached(PURGE)?
             .execute(params![now.as_millis(), limit])
     }
 }
+
+/// Deletes up to `?2` records expired at `?1`, found through the expiry
+/// index and deleted by rowid.
+pub(crate) const PURGE: &str = "DELETE FROM idem_records WHERE rowid IN \
+     (SELECT rowid FROM idem_records WHERE expires_at <= ?1 LIMIT ?2)";
 
 /// Completes a record inside whatever transaction `conn` is in: the writer's
 /// own jobs and atomic-mode jobs share it.
