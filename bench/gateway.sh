@@ -134,16 +134,29 @@ NGINX_WORKER="$(start_nginx "$WORK")"
 nginx_conf "$WORK/apart" "$(hop_server "$APART")"
 APART_WORKER="$(start_nginx "$WORK/apart")"
 
-# wrk scripts: new keys (thread id + counter), one key, passthrough GET.
-cat >"$WORK/new.lua" <<'EOF'
+# wrk scripts: new keys, one key, passthrough GET. A new key is random, as
+# a client's UUIDv4 is (idem's own retry client sends those), followed by
+# the thread and a counter so that no two requests share one; with
+# IDEM_BENCH_KEYS=sequential it is "bench-RUN-thread-counter", in the
+# order it was sent (what every table before 2026-12-03, midday, used: a
+# store keyed by the key then writes where it wrote last, which random
+# keys do not let it do).
+if [ "${IDEM_BENCH_KEYS:-random}" = sequential ]; then
+    KEY_FORMAT='string.format("bench-%d-%d-%d", RUN, tid, counter)'
+else
+    KEY_FORMAT='string.format("%04x%04x-%04x-4%03x-%04x-%d-%d", r(), r(), r(), r() % 4096, r(), tid, counter)'
+fi
+cat >"$WORK/new.lua" <<EOF
 local counter, threads = 0, 0
+local r = function() return math.random(0, 65535) end
 function setup(thread) threads = threads + 1; thread:set("tid", threads) end
+function init(args) math.randomseed(RUN + tid * 7919) end
 wrk.method = "POST"
 wrk.body = '{"from":"acct-1","to":"acct-2","amount":100}'
 wrk.headers["Content-Type"] = "application/json"
 function request()
     counter = counter + 1
-    return wrk.format(nil, "/transfers", {["Idempotency-Key"] = string.format("bench-%d-%d-%d", RUN, tid, counter)})
+    return wrk.format(nil, "/transfers", {["Idempotency-Key"] = $KEY_FORMAT})
 end
 EOF
 cat >"$WORK/replay.lua" <<'EOF'
