@@ -204,6 +204,12 @@ impl SqliteStore {
     /// after the lease executes once. Dropping the returned future does not
     /// cancel the mutation once the writer has taken it.
     ///
+    /// The connection is shared with the store's own statements: its
+    /// `last_insert_rowid()` may be the rowid of idem's last record
+    /// inserted (schema 5's records table has rowids) until the mutation's
+    /// own insert happens. Read it only after an insert that did insert,
+    /// or take the id from `INSERT ... RETURNING`.
+    ///
     /// # Example
     ///
     /// ```no_run

@@ -47,6 +47,8 @@
 //! draw the same fence). Older files are migrated on open; schema 5
 //! rebuilds the table once, keeping the application's triggers, indexes
 //! and views on it. Stop every process using the file before an upgrade.
+//! The rowid is not a record's identity: a replaced record gets a new one,
+//! and `VACUUM` may renumber them.
 //!
 //! # Behavior
 //!
@@ -358,7 +360,7 @@ impl Store for SqliteStore {
         Box::pin(self.read(move |conn| {
             let limit = i64::try_from(limit).unwrap_or(i64::MAX);
             let sql = format!(
-                // The primary key's prefix (scope, key); `+` keeps the
+                // The key index's prefix (scope, key); `+` keeps the
                 // planner off the expiry index, whatever its statistics.
                 "SELECT {}, operation FROM idem_records \
                  WHERE scope = ?1 AND key = ?2 AND +expires_at > ?3 \

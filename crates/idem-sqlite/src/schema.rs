@@ -72,8 +72,11 @@ CREATE INDEX idem_records_scope_key ON idem_records (scope, key);
 /// Schema 4 also rebuilt the table keyed by (scope, key, operation), which
 /// dropped schema 3's (scope, key) index. Schema 5 rebuilds it again, so a
 /// file older than 4 gets only schema 5's rebuild, once: migration 4 is the
-/// counter alone (and schema 3's index goes with the old table).
+/// counter and the dropping of schema 3's index (idem's own here; in a
+/// schema 4 file an index of that name would be the application's, which
+/// schema 5's rebuild keeps).
 const SCHEMA_V4: &str = "
+DROP INDEX IF EXISTS idem_records_scope_key;
 CREATE TABLE idem_counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 INSERT INTO idem_counters (name, value)
 SELECT 'fence', CASE WHEN drawn <= 0 THEN 0
@@ -88,9 +91,10 @@ DROP TABLE idem_meta;
 /// index: a table with a rowid, where schema 4's table was keyed by (scope,
 /// key, operation) itself.
 ///
-/// A new key's claim used to insert its whole row into a random page of
-/// the table, and its completion rewrote that page in a later commit: two
-/// WAL frames of the table's a request. Now the claim appends the row to
+/// With random keys, a new key's claim used to insert its whole row into a
+/// random page of the table, and its completion rewrote that page in a
+/// later commit: two WAL frames a request for the table alone. Now the
+/// claim appends the row to
 /// the table's last pages, which every claim of a batch shares, and puts
 /// only the key into a random page of the index; the completion rewrites
 /// the row where the batch's other completions are (BENCHMARKS.md, "The
@@ -126,9 +130,13 @@ CREATE INDEX idem_records_expires_at ON idem_records (expires_at);
 CREATE INDEX idem_records_stale ON idem_records (lease_until, scope, operation, key) WHERE status = 0;
 ";
 
-/// The indexes idem itself creates on the records, in any schema.
-const OWN_INDEXES: &str =
-    "'idem_records_expires_at', 'idem_records_stale', 'idem_records_scope_key', 'idem_records_key'";
+/// The indexes on the records that idem itself created before schema 5
+/// (schema 3's (scope, key) index is gone by then: migration 4 drops it),
+/// in lower case. Any other index or trigger on the records is the
+/// application's, kept through the rebuild; one named like schema 5's own
+/// makes the migration fail (the name is taken), and the file stays as it
+/// was.
+const OWN_INDEXES: &str = "'idem_records_expires_at', 'idem_records_stale'";
 
 /// Rebuilds the records table (schema 5), keeping what an
 /// application put beside the records (atomic mode invites its tables into
@@ -144,7 +152,7 @@ fn migrate_to_v5(conn: &Connection) -> rusqlite::Result<()> {
         .prepare(&format!(
             "SELECT sql FROM sqlite_schema \
              WHERE type IN ('trigger', 'index') AND tbl_name = 'idem_records' COLLATE NOCASE \
-             AND sql IS NOT NULL AND name NOT IN ({OWN_INDEXES})"
+             AND sql IS NOT NULL AND lower(name) NOT IN ({OWN_INDEXES})"
         ))?
         .query_map([], |r| r.get(0))?
         .collect::<rusqlite::Result<_>>()?;

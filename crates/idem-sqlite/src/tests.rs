@@ -747,15 +747,17 @@ fn rebuilt_on_open_with_every_record(version: i64) {
     let rt = idem_testkit::runtime();
     let done = unique_id("migrate-old-done");
     let running = unique_id("migrate-old-running");
+    // `running` is written first, `done` a millisecond later: the old
+    // table's key order (`done`'s scope sorts first) is not time order.
     let fences = rt.block_on(async {
         let store = SqliteStore::open(&path).unwrap();
-        let a = acquire(&store, &done, t0()).await;
+        let b = acquire(&store, &running, t0()).await;
+        let a = acquire(&store, &done, t0() + std::time::Duration::from_millis(1)).await;
         let c = Completion::completed(response(201, "kept"));
         assert_eq!(
             store.complete(&done, a.fence, c, t0()).await.unwrap(),
             Settled::Applied
         );
-        let b = acquire(&store, &running, t0()).await;
         (a.fence, b.fence)
     });
     // Rewrite the file as the old schema had it, with the same rows.
@@ -816,7 +818,20 @@ fn rebuilt_on_open_with_every_record(version: i64) {
         // New fences stay above the migrated ones.
         let other = unique_id("migrate-old-new");
         let lease = acquire(&store, &other, t0()).await;
-        assert!(lease.fence > fences.1);
+        assert!(lease.fence > fences.0 && lease.fence > fences.1);
+        // The rebuilt rows are in the order they were written, and a new
+        // claim goes after them.
+        let in_rowid_order: Vec<String> = c
+            .prepare("SELECT key FROM idem_records ORDER BY rowid")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert_eq!(
+            in_rowid_order,
+            [running.key.as_str(), done.key.as_str(), other.key.as_str()]
+        );
         let later = t0() + TTL + std::time::Duration::from_secs(1);
         assert_eq!(store.purge_expired(later, 100).await.unwrap(), 3);
     });
@@ -1053,6 +1068,62 @@ fn rebuild_keeps_views_and_triggers(version: i64) {
         )
         .unwrap();
     assert!(index.contains("(resource_id)"), "{index}");
+}
+
+/// Names idem used in older schemas, or uses in schema 5, may be the
+/// application's in a schema 4 file: its index named like schema 3's
+/// (scope, key) index survives the rebuild, and one named like schema 5's
+/// key index (in another case) makes the migration fail, leaving the file
+/// at schema 4 with the application's index in place, instead of dropping
+/// it.
+#[test]
+fn the_rebuild_keeps_an_application_index_named_like_ours_or_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let index_names = |c: &Connection| -> String {
+        c.query_row(
+            "SELECT group_concat(name, ',') FROM (SELECT name FROM sqlite_schema \
+             WHERE type = 'index' AND sql IS NOT NULL ORDER BY name)",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap()
+    };
+    let version = |c: &Connection| -> i64 {
+        c.query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap()
+    };
+
+    let kept = dir.path().join("kept.db");
+    drop(SqliteStore::open(&kept).unwrap());
+    let c = Connection::open(&kept).unwrap();
+    rewrite_as_old_schema(&c, 4, None);
+    c.execute_batch("CREATE INDEX idem_records_scope_key ON idem_records (resource_id);")
+        .unwrap();
+    drop(c);
+    drop(SqliteStore::open(&kept).unwrap());
+    let c = Connection::open(&kept).unwrap();
+    assert_eq!(version(&c), schema::SCHEMA_VERSION);
+    assert_eq!(
+        index_names(&c),
+        "idem_records_expires_at,idem_records_key,idem_records_scope_key,idem_records_stale"
+    );
+
+    let taken = dir.path().join("taken.db");
+    drop(SqliteStore::open(&taken).unwrap());
+    let c = Connection::open(&taken).unwrap();
+    rewrite_as_old_schema(&c, 4, None);
+    c.execute_batch("CREATE INDEX IDEM_RECORDS_KEY ON idem_records (resource_id);")
+        .unwrap();
+    drop(c);
+    let err = SqliteStore::open(&taken).expect_err("the name is taken");
+    assert_eq!(err.kind(), StoreErrorKind::Setup, "{err}");
+    assert!(err.to_string().contains("IDEM_RECORDS_KEY"), "{err}");
+    let c = Connection::open(&taken).unwrap();
+    assert_eq!(version(&c), 4);
+    assert_eq!(
+        index_names(&c),
+        "IDEM_RECORDS_KEY,idem_records_expires_at,idem_records_stale"
+    );
 }
 
 /// Backpressure: a stalled writer makes calls fail with `Unavailable`
