@@ -821,13 +821,7 @@ fn rebuilt_on_open_with_every_record(version: i64) {
         assert!(lease.fence > fences.0 && lease.fence > fences.1);
         // The rebuilt rows are in the order they were written, and a new
         // claim goes after them.
-        let in_rowid_order: Vec<String> = c
-            .prepare("SELECT key FROM idem_records ORDER BY rowid")
-            .unwrap()
-            .query_map([], |r| r.get(0))
-            .unwrap()
-            .collect::<rusqlite::Result<_>>()
-            .unwrap();
+        let in_rowid_order = texts(&c, "SELECT key FROM idem_records ORDER BY rowid");
         assert_eq!(
             in_rowid_order,
             [running.key.as_str(), done.key.as_str(), other.key.as_str()]
@@ -835,6 +829,16 @@ fn rebuilt_on_open_with_every_record(version: i64) {
         let later = t0() + TTL + std::time::Duration::from_secs(1);
         assert_eq!(store.purge_expired(later, 100).await.unwrap(), 3);
     });
+}
+
+/// The first column of every row `sql` returns, as text.
+fn texts(c: &Connection, sql: &str) -> Vec<String> {
+    c.prepare(sql)
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap()
 }
 
 /// Every row of the records table, every column, in key order.
@@ -1052,13 +1056,7 @@ fn rebuild_keeps_views_and_triggers(version: i64) {
         .collect::<rusqlite::Result<_>>()
         .unwrap();
     assert_eq!(audited, [(id.key.as_str().to_owned(), 1)]);
-    let done: Vec<String> = c
-        .prepare("SELECT key FROM app_done")
-        .unwrap()
-        .query_map([], |r| r.get(0))
-        .unwrap()
-        .collect::<rusqlite::Result<_>>()
-        .unwrap();
+    let done = texts(&c, "SELECT key FROM app_done");
     assert_eq!(done, [id.key.as_str().to_owned()]);
     let index: String = c
         .query_row(
