@@ -593,6 +593,11 @@ impl Writer {
 pub(crate) const PURGE: &str = "DELETE FROM idem_records WHERE rowid IN \
      (SELECT rowid FROM idem_records WHERE expires_at <= ?1 LIMIT ?2)";
 
+/// Completes the in-progress record `(?1, ?2, ?3)` held under fence `?4`.
+pub(crate) const COMPLETE: &str = "UPDATE idem_records SET status = ?5, resource_id = ?6, \
+     response_status = ?7, response_headers = ?8, response_body = ?9, lease_until = NULL \
+     WHERE scope = ?1 AND operation = ?2 AND key = ?3 AND fence = ?4 AND status = 0";
+
 /// Completes a record inside whatever transaction `conn` is in: the writer's
 /// own jobs and atomic-mode jobs share it.
 pub(crate) fn complete_in(
@@ -604,22 +609,16 @@ pub(crate) fn complete_in(
     let Some(fence) = fence.to_i64() else {
         return Ok(Settled::StaleFence);
     };
-    let n = conn
-        .prepare_cached(
-            "UPDATE idem_records SET status = ?5, resource_id = ?6, response_status = ?7, \
-             response_headers = ?8, response_body = ?9, lease_until = NULL \
-             WHERE scope = ?1 AND operation = ?2 AND key = ?3 AND fence = ?4 AND status = 0",
-        )?
-        .execute(params![
-            id.scope.as_str(),
-            id.operation.as_str(),
-            id.key.as_str(),
-            fence,
-            c.status().code(),
-            c.resource_id.as_deref(),
-            i64::from(c.response.status),
-            c.response.encode_headers(),
-            &c.response.body,
-        ])?;
+    let n = conn.prepare_cached(COMPLETE)?.execute(params![
+        id.scope.as_str(),
+        id.operation.as_str(),
+        id.key.as_str(),
+        fence,
+        c.status().code(),
+        c.resource_id.as_deref(),
+        i64::from(c.response.status),
+        c.response.encode_headers(),
+        &c.response.body,
+    ])?;
     Ok(Settled::from_changed(n as u64))
 }
