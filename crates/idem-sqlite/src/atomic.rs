@@ -207,8 +207,10 @@ impl SqliteStore {
     /// The connection is shared with the store's own statements: its
     /// `last_insert_rowid()` may be the rowid of idem's last record
     /// inserted (schema 5's records table has rowids) until the mutation's
-    /// own insert happens. Read it only after an insert that did insert,
-    /// or take the id from `INSERT ... RETURNING`.
+    /// own insert happens (an insert that inserts nothing, or one into a
+    /// `WITHOUT ROWID` or virtual table, leaves it there). Take the id from
+    /// `INSERT ... RETURNING`, or read it right after an insert into a
+    /// rowid table that did insert.
     ///
     /// # Example
     ///

@@ -94,9 +94,9 @@ DROP TABLE idem_meta;
 /// With random keys, a new key's claim used to insert its whole row into a
 /// random page of the table, and its completion rewrote that page in a
 /// later commit: two WAL frames a request for the table alone. Now the
-/// claim appends the row to
-/// the table's last pages, which every claim of a batch shares, and puts
-/// only the key into a random page of the index; the completion rewrites
+/// claim appends the row to the table's last pages, which every claim of
+/// a batch shares, and puts only the key into a random page of the index;
+/// the completion rewrites
 /// the row where the batch's other completions are (BENCHMARKS.md, "The
 /// SQLite records in the order they were written"). The index enforces the
 /// key's uniqueness as the primary key did, under the same columns, so the
@@ -132,10 +132,11 @@ CREATE INDEX idem_records_stale ON idem_records (lease_until, scope, operation, 
 
 /// The indexes on the records that idem itself created before schema 5
 /// (schema 3's (scope, key) index is gone by then: migration 4 drops it),
-/// in lower case. Any other index or trigger on the records is the
-/// application's, kept through the rebuild; one named like schema 5's own
-/// makes the migration fail (the name is taken), and the file stays as it
-/// was.
+/// in lower case. Any other index on the records, and every trigger
+/// (triggers have names of their own, which may be these), is the
+/// application's, kept through the rebuild; an index named like schema 5's
+/// own makes the migration fail (the name is taken), and the file stays
+/// at the version it had.
 const OWN_INDEXES: &str = "'idem_records_expires_at', 'idem_records_stale'";
 
 /// Rebuilds the records table (schema 5), keeping what an
@@ -152,7 +153,7 @@ fn migrate_to_v5(conn: &Connection) -> rusqlite::Result<()> {
         .prepare(&format!(
             "SELECT sql FROM sqlite_schema \
              WHERE type IN ('trigger', 'index') AND tbl_name = 'idem_records' COLLATE NOCASE \
-             AND sql IS NOT NULL AND lower(name) NOT IN ({OWN_INDEXES})"
+             AND sql IS NOT NULL AND NOT (type = 'index' AND lower(name) IN ({OWN_INDEXES}))"
         ))?
         .query_map([], |r| r.get(0))?
         .collect::<rusqlite::Result<_>>()?;
@@ -218,7 +219,9 @@ pub(crate) fn open_writer(path: &Path, sync: Synchronous) -> Result<Connection, 
     // Checkpoint the WAL every 8,000 pages (32 MiB) instead of 1,000, so
     // checkpoints (each an fsync of the main file) are rarer. Durability is
     // unchanged: every commit still fsyncs the WAL. (A larger page cache was
-    // tried and measured slower: SQLite walks it on every transaction end.)
+    // tried: slower with ordered keys, as SQLite walks it on every
+    // transaction end; with random keys one read call a request fewer, more
+    // instructions, and req/s within the spread. BENCHMARKS.md.)
     conn.execute_batch("PRAGMA wal_autocheckpoint = 8000;")
         .map_err(|e| setup_error(path, "cannot set the checkpoint interval", e))?;
     conn.busy_timeout(std::time::Duration::from_secs(5))
@@ -227,8 +230,9 @@ pub(crate) fn open_writer(path: &Path, sync: Synchronous) -> Result<Connection, 
     if tables == 0 || version < SCHEMA_VERSION {
         migrate(&conn).map_err(|e| setup_error(path, "cannot create or migrate the schema", e))?;
         if tables != 0 && version < 5 {
-            // Schema 5 rewrote the whole table through the WAL (about 1.7
-            // times the file's size; BENCHMARKS.md): copy it into the file
+            // Schema 5 rewrote the whole table through the WAL (schema 4's
+            // rebuild wrote about 1.7 times the file's size, BENCHMARKS.md;
+            // a model of schema 5's about 1.5): copy it into the file
             // now and give the WAL's disk back. Only space is at stake: a
             // checkpoint that cannot finish (a reader of another process)
             // leaves it to the automatic ones.

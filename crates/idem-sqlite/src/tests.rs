@@ -673,6 +673,11 @@ fn queries_search_the_keys_they_were_laid_out_for() {
         "{by_key}"
     );
     let one = plan(crate::writer::COMPLETE);
+    let release = plan(crate::writer::RELEASE);
+    assert!(
+        release.contains("USING INDEX idem_records_key (scope=? AND key=? AND operation=?)"),
+        "{release}"
+    );
     assert!(
         one.contains("USING INDEX idem_records_key (scope=? AND key=? AND operation=?)"),
         "{one}"
@@ -742,10 +747,15 @@ fn rebuilt_on_open_with_every_record(version: i64) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("old.db");
     let rt = idem_testkit::runtime();
+    // One scope and operation: `running` is written first, `done` a
+    // millisecond later, and the old table's key order ("...-done" before
+    // "...-running") is not time order.
     let done = unique_id("migrate-old-done");
-    let running = unique_id("migrate-old-running");
-    // `running` is written first, `done` a millisecond later: the old
-    // table's key order (`done`'s scope sorts first) is not time order.
+    let running = RecordId::new(
+        done.scope.clone(),
+        done.operation.clone(),
+        idem_core::Key::new("migrate-old-running").unwrap(),
+    );
     let fences = rt.block_on(async {
         let store = SqliteStore::open(&path).unwrap();
         let b = acquire(&store, &running, t0()).await;
@@ -1067,10 +1077,11 @@ fn rebuild_keeps_views_and_triggers(version: i64) {
 
 /// Names idem used in older schemas, or uses in schema 5, may be the
 /// application's in a schema 4 file: its index named like schema 3's
-/// (scope, key) index survives the rebuild, and one named like schema 5's
-/// key index (in another case) makes the migration fail, leaving the file
-/// at schema 4 with the application's index in place, instead of dropping
-/// it.
+/// (scope, key) index and its trigger named like idem's stale index survive
+/// the rebuild (the trigger still fires), and an index named like schema
+/// 5's key index (in either case) makes the migration fail, leaving the
+/// file at schema 4 with the application's index in place, instead of
+/// dropping it.
 #[test]
 fn the_rebuild_keeps_an_application_index_named_like_ours_or_fails() {
     let dir = tempfile::tempdir().unwrap();
@@ -1092,33 +1103,49 @@ fn the_rebuild_keeps_an_application_index_named_like_ours_or_fails() {
     drop(SqliteStore::open(&kept).unwrap());
     let c = Connection::open(&kept).unwrap();
     rewrite_as_old_schema(&c, 4, None);
-    c.execute_batch("CREATE INDEX idem_records_scope_key ON idem_records (resource_id);")
-        .unwrap();
+    c.execute_batch(
+        "CREATE INDEX idem_records_scope_key ON idem_records (resource_id);
+         CREATE TABLE app_log (key TEXT NOT NULL);
+         CREATE TRIGGER idem_records_stale AFTER INSERT ON idem_records
+         BEGIN INSERT INTO app_log (key) VALUES (NEW.key); END;",
+    )
+    .unwrap();
     drop(c);
-    drop(SqliteStore::open(&kept).unwrap());
+    let store = SqliteStore::open(&kept).unwrap();
+    let id = idem_testkit::unique_id("app-trigger-after-migration");
+    idem_testkit::runtime().block_on(acquire(&store, &id, idem_testkit::t0()));
+    drop(store);
     let c = Connection::open(&kept).unwrap();
     assert_eq!(version(&c), schema::SCHEMA_VERSION);
     assert_eq!(
         index_names(&c),
         "idem_records_expires_at,idem_records_key,idem_records_scope_key,idem_records_stale"
     );
-
-    let taken = dir.path().join("taken.db");
-    drop(SqliteStore::open(&taken).unwrap());
-    let c = Connection::open(&taken).unwrap();
-    rewrite_as_old_schema(&c, 4, None);
-    c.execute_batch("CREATE INDEX IDEM_RECORDS_KEY ON idem_records (resource_id);")
-        .unwrap();
-    drop(c);
-    let err = SqliteStore::open(&taken).expect_err("the name is taken");
-    assert_eq!(err.kind(), StoreErrorKind::Setup, "{err}");
-    assert!(err.to_string().contains("IDEM_RECORDS_KEY"), "{err}");
-    let c = Connection::open(&taken).unwrap();
-    assert_eq!(version(&c), 4);
     assert_eq!(
-        index_names(&c),
-        "IDEM_RECORDS_KEY,idem_records_expires_at,idem_records_stale"
+        texts(&c, "SELECT key FROM app_log"),
+        [id.key.as_str()],
+        "the application's trigger named like idem's index still fires"
     );
+
+    for name in ["IDEM_RECORDS_KEY", "idem_records_key"] {
+        let taken = dir.path().join(format!("taken-{name}.db"));
+        drop(SqliteStore::open(&taken).unwrap());
+        let c = Connection::open(&taken).unwrap();
+        rewrite_as_old_schema(&c, 4, None);
+        c.execute_batch(&format!(
+            "CREATE INDEX {name} ON idem_records (resource_id);"
+        ))
+        .unwrap();
+        drop(c);
+        let err = SqliteStore::open(&taken).expect_err("the name is taken");
+        assert_eq!(err.kind(), StoreErrorKind::Setup, "{err}");
+        assert!(err.to_string().contains(name), "{err}");
+        let c = Connection::open(&taken).unwrap();
+        assert_eq!(version(&c), 4);
+        let mut expected = [name, "idem_records_expires_at", "idem_records_stale"];
+        expected.sort_unstable();
+        assert_eq!(index_names(&c), expected.join(","));
+    }
 }
 
 /// Backpressure: a stalled writer makes calls fail with `Unavailable`

@@ -565,18 +565,12 @@ impl Writer {
         let Some(fence) = fence.to_i64() else {
             return Ok(Settled::StaleFence);
         };
-        let n = self
-            .conn
-            .prepare_cached(
-                "DELETE FROM idem_records WHERE scope = ?1 AND operation = ?2 AND key = ?3 \
-                 AND fence = ?4 AND status = 0",
-            )?
-            .execute(params![
-                id.scope.as_str(),
-                id.operation.as_str(),
-                id.key.as_str(),
-                fence
-            ])?;
+        let n = self.conn.prepare_cached(RELEASE)?.execute(params![
+            id.scope.as_str(),
+            id.operation.as_str(),
+            id.key.as_str(),
+            fence
+        ])?;
         Ok(Settled::from_changed(n as u64))
     }
 
@@ -587,6 +581,10 @@ impl Writer {
             .execute(params![now.as_millis(), limit])
     }
 }
+
+/// Deletes the in-progress record `(?1, ?2, ?3)` held under fence `?4`.
+pub(crate) const RELEASE: &str = "DELETE FROM idem_records \
+     WHERE scope = ?1 AND operation = ?2 AND key = ?3 AND fence = ?4 AND status = 0";
 
 /// Deletes up to `?2` records expired at `?1`, found through the expiry
 /// index and deleted by rowid.
