@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use idem_core::{StoreError, StoreErrorKind};
 
-use crate::checkpoint::{self, Thresholds};
 use crate::writer::Writer;
 use crate::{Inner, SqliteStore, schema};
 
@@ -45,7 +44,6 @@ pub struct SqliteStoreBuilder {
     readers: usize,
     max_queue: usize,
     write_timeout: Duration,
-    pub(crate) checkpoints: Thresholds,
 }
 
 impl SqliteStoreBuilder {
@@ -58,7 +56,6 @@ impl SqliteStoreBuilder {
             readers: 4,
             max_queue: 10_000,
             write_timeout: Duration::from_secs(5),
-            checkpoints: Thresholds::default(),
         }
     }
 
@@ -104,9 +101,7 @@ impl SqliteStoreBuilder {
     /// [`StoreErrorKind::Setup`] when the file cannot be opened or created,
     /// is not an idem store, is read-only, or has a newer schema.
     pub fn open(self) -> Result<SqliteStore, StoreError> {
-        let mut conn = schema::open_writer(&self.path, self.synchronous)?;
-        let checkpointer =
-            checkpoint::start(&self.path, self.synchronous, &mut conn, self.checkpoints)?;
+        let conn = schema::open_writer(&self.path, self.synchronous)?;
         let writer = Writer::new(conn, self.max_batch)?;
         // One reader up front proves the file can be read by others.
         let first_reader = schema::open_reader(&self.path)?;
@@ -130,7 +125,6 @@ impl SqliteStoreBuilder {
                 max_queue: self.max_queue,
                 write_timeout: self.write_timeout,
                 thread: Some(thread),
-                checkpointer: Some(checkpointer),
                 readers: Mutex::new(vec![first_reader]),
                 max_readers: self.readers,
                 path: self.path,

@@ -109,7 +109,6 @@ use tokio::sync::oneshot;
 
 mod atomic;
 mod builder;
-mod checkpoint;
 mod error;
 mod row;
 mod schema;
@@ -132,8 +131,6 @@ struct Inner {
     max_queue: usize,
     write_timeout: Duration,
     thread: Option<JoinHandle<()>>,
-    /// Ends once the writer's connection has closed.
-    checkpointer: Option<JoinHandle<()>>,
     readers: Mutex<Vec<Connection>>,
     max_readers: usize,
     path: PathBuf,
@@ -144,9 +141,6 @@ impl Drop for Inner {
         // Closing the channel ends the writer once the queue is done.
         drop(self.jobs.take());
         if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-        if let Some(t) = self.checkpointer.take() {
             let _ = t.join();
         }
     }

@@ -1148,61 +1148,6 @@ fn the_rebuild_keeps_an_application_index_named_like_ours_or_fails() {
     }
 }
 
-/// Checkpoints run on a thread of their own: with that thread signalled
-/// after every commit and the writer never checkpointing itself, the
-/// records reach the database file (it grows from its size before the
-/// claims) while the store stays open, and the store keeps answering.
-#[test]
-fn checkpoints_run_beside_the_writer() {
-    use idem_testkit::{request, t0, unique_id};
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("checkpointed.db");
-    let mut builder = SqliteStore::builder(&path);
-    builder.checkpoints = crate::checkpoint::Thresholds {
-        soft: 1,
-        hard: std::ffi::c_int::MAX,
-    };
-    let store = builder.open().unwrap();
-    let rt = idem_testkit::runtime();
-    let file_len = || std::fs::metadata(&path).unwrap().len();
-    let wal_len = || {
-        std::fs::metadata(dir.path().join("checkpointed.db-wal"))
-            .unwrap()
-            .len()
-    };
-    let before = file_len();
-    let ids: Vec<_> = (0..200).map(|i| unique_id(&format!("ckpt-{i}"))).collect();
-    rt.block_on(async {
-        for id in &ids {
-            acquire(&store, id, t0()).await;
-        }
-    });
-    assert!(wal_len() > 0, "the claims went to the WAL");
-    // The thread copies in the background; wait for its effect, bounded.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while file_len() <= before + 4096 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no checkpoint reached the database file: {} bytes, {} before the claims",
-            file_len(),
-            before
-        );
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-    // The records are all there, and the store goes on.
-    let c = Connection::open(&path).unwrap();
-    let n: i64 = c
-        .query_row("SELECT count(*) FROM idem_records", [], |r| r.get(0))
-        .unwrap();
-    assert_eq!(n, 200);
-    rt.block_on(async {
-        assert!(matches!(
-            store.claim(&request(&ids[0], "{}", t0())).await.unwrap(),
-            Claim::InFlight { .. }
-        ));
-    });
-}
-
 /// Backpressure: a stalled writer makes calls fail with `Unavailable`
 /// (after the write timeout, or at once when the queue is full) instead of
 /// piling up, and the store works again once the writer moves on.
