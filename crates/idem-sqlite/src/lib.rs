@@ -286,10 +286,7 @@ impl Store for SqliteStore {
         let id = id.clone();
         Box::pin(self.read(move |conn| {
             let rec = conn
-                .prepare_cached(&format!(
-                    "SELECT {} FROM idem_records WHERE scope = ?1 AND operation = ?2 AND key = ?3",
-                    row::COLUMNS
-                ))
+                .prepare_cached(row::BY_ID)
                 .and_then(|mut s| {
                     s.query_row(
                         params![id.scope.as_str(), id.operation.as_str(), id.key.as_str()],
@@ -359,16 +356,8 @@ impl Store for SqliteStore {
         let (scope, key) = (scope.clone(), key.clone());
         Box::pin(self.read(move |conn| {
             let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-            let sql = format!(
-                // The key index's prefix (scope, key); `+` keeps the
-                // planner off the expiry index, whatever its statistics.
-                "SELECT {}, operation FROM idem_records \
-                 WHERE scope = ?1 AND key = ?2 AND +expires_at > ?3 \
-                 ORDER BY created_at DESC, operation DESC LIMIT ?4",
-                row::COLUMNS
-            );
             let mut stmt = conn
-                .prepare_cached(&sql)
+                .prepare_cached(row::BY_KEY)
                 .map_err(|e| sqlite_error("finding records by key", e))?;
             let rows = stmt
                 .query_map(

@@ -6,9 +6,34 @@ use idem_core::{
 };
 use rusqlite::Row;
 
+/// The record's columns, as text for `concat!`.
+macro_rules! columns {
+    () => {
+        "fingerprint, status, fence, created_at, lease_until, expires_at, \
+         resource_id, response_status, response_headers, response_body"
+    };
+}
+
 /// The columns every record query selects, in this order.
-pub(crate) const COLUMNS: &str = "fingerprint, status, fence, created_at, lease_until, expires_at, \
-     resource_id, response_status, response_headers, response_body";
+pub(crate) const COLUMNS: &str = columns!();
+
+/// The record `(?1, ?2, ?3)` (scope, operation, key), as [`COLUMNS`].
+pub(crate) const BY_ID: &str = concat!(
+    "SELECT ",
+    columns!(),
+    " FROM idem_records WHERE scope = ?1 AND operation = ?2 AND key = ?3"
+);
+
+/// The records of scope `?1` and key `?2` whatever the operation, live at
+/// `?3`, newest first, at most `?4`: [`COLUMNS`] and then `operation`. The
+/// key index's prefix (scope, key) finds them; `+` keeps the planner off
+/// the expiry index, whatever its statistics.
+pub(crate) const BY_KEY: &str = concat!(
+    "SELECT ",
+    columns!(),
+    ", operation FROM idem_records WHERE scope = ?1 AND key = ?2 AND +expires_at > ?3 \
+     ORDER BY created_at DESC, operation DESC LIMIT ?4"
+);
 
 fn corrupt(what: &str) -> rusqlite::Error {
     rusqlite::Error::InvalidColumnType(0, what.to_owned(), rusqlite::types::Type::Null)

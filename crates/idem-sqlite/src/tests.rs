@@ -662,12 +662,12 @@ fn queries_search_the_keys_they_were_laid_out_for() {
             .unwrap();
         rows.join(" | ")
     };
-    let by_key = plan(&format!(
-        "SELECT {}, operation FROM idem_records \
-         WHERE scope = 's' AND key = 'k' AND +expires_at > 0 \
-         ORDER BY created_at DESC, operation DESC LIMIT 10",
-        row::COLUMNS
-    ));
+    let by_key = plan(row::BY_KEY);
+    let by_id = plan(row::BY_ID);
+    assert!(
+        by_id.contains("USING INDEX idem_records_key (scope=? AND key=? AND operation=?)"),
+        "{by_id}"
+    );
     assert!(
         by_key.contains("USING INDEX idem_records_key (scope=? AND key=?)"),
         "{by_key}"

@@ -51,7 +51,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::oneshot;
 
 use crate::error::sqlite_error;
-use crate::row::{COLUMNS, record_from_row};
+use crate::row::{BY_ID, record_from_row};
 
 /// Work for the writer thread, each with the channel its answer goes to.
 pub(crate) enum Job {
@@ -500,11 +500,13 @@ impl Writer {
         // The key exists: load it and let the state machine decide.
         let existing = self
             .conn
-            .prepare_cached(&format!(
-                "SELECT {COLUMNS} FROM idem_records WHERE scope = ?1 AND operation = ?2 AND key = ?3"
-            ))?
+            .prepare_cached(BY_ID)?
             .query_row(
-                params![req.id.scope.as_str(), req.id.operation.as_str(), req.id.key.as_str()],
+                params![
+                    req.id.scope.as_str(),
+                    req.id.operation.as_str(),
+                    req.id.key.as_str()
+                ],
                 |row| record_from_row(&req.id, row),
             )
             .optional()?;
