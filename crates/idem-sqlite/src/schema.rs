@@ -96,12 +96,12 @@ DROP TABLE idem_meta;
 /// later commit: two WAL frames a request for the table alone. Now the
 /// claim appends the row to the table's last pages, which every claim of
 /// a batch shares, and puts only the key into a random page of the index;
-/// the completion rewrites
-/// the row where the batch's other completions are (BENCHMARKS.md, "The
-/// SQLite records in the order they were written"). The index enforces the
-/// key's uniqueness as the primary key did, under the same columns, so the
-/// statements do not change. The rowid is implicit: no column is added, and
-/// `SELECT *` reads what it read before.
+/// the completion rewrites the row where the batch's other completions are
+/// (BENCHMARKS.md, "The SQLite records in the order they were written").
+/// The index enforces the key's uniqueness as the primary key did, under
+/// the same columns, so the statements that name the key do not change
+/// (the purge now deletes by rowid). The rowid is implicit: no column is
+/// added, and `SELECT *` reads what it read before.
 const SCHEMA_V5: &str = "
 CREATE TABLE idem_records_v5 (
     scope            TEXT    NOT NULL,

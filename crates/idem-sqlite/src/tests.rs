@@ -783,17 +783,7 @@ fn rebuilt_on_open_with_every_record(version: i64) {
     );
     let c = Connection::open(&path).unwrap();
     assert_eq!(all_rows(&c), before, "every row and column survives");
-    let (v, indexes): (i64, String) = (
-        c.query_row("PRAGMA user_version", [], |r| r.get(0))
-            .unwrap(),
-        c.query_row(
-            "SELECT group_concat(name, ',') FROM (SELECT name FROM sqlite_schema \
-             WHERE type = 'index' AND tbl_name = 'idem_records' AND sql IS NOT NULL ORDER BY name)",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap(),
-    );
+    let (v, indexes) = (user_version(&c), index_names(&c));
     assert_eq!(v, schema::SCHEMA_VERSION);
     assert_eq!(
         indexes,
@@ -836,6 +826,25 @@ fn rebuilt_on_open_with_every_record(version: i64) {
         let later = t0() + TTL + std::time::Duration::from_secs(1);
         assert_eq!(store.purge_expired(later, 100).await.unwrap(), 3);
     });
+}
+
+/// The file's schema version.
+fn user_version(c: &Connection) -> i64 {
+    c.query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap()
+}
+
+/// The names of the indexes on the records written out in SQL (not
+/// SQLite's own), sorted, joined by commas.
+fn index_names(c: &Connection) -> String {
+    c.query_row(
+        "SELECT group_concat(name, ',') FROM (SELECT name FROM sqlite_schema \
+         WHERE type = 'index' AND tbl_name = 'idem_records' COLLATE NOCASE \
+         AND sql IS NOT NULL ORDER BY name)",
+        [],
+        |r| r.get(0),
+    )
+    .unwrap()
 }
 
 /// The first column of every row `sql` returns, as text.
@@ -1085,19 +1094,6 @@ fn rebuild_keeps_views_and_triggers(version: i64) {
 #[test]
 fn the_rebuild_keeps_an_application_index_named_like_ours_or_fails() {
     let dir = tempfile::tempdir().unwrap();
-    let index_names = |c: &Connection| -> String {
-        c.query_row(
-            "SELECT group_concat(name, ',') FROM (SELECT name FROM sqlite_schema \
-             WHERE type = 'index' AND sql IS NOT NULL ORDER BY name)",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap()
-    };
-    let version = |c: &Connection| -> i64 {
-        c.query_row("PRAGMA user_version", [], |r| r.get(0))
-            .unwrap()
-    };
 
     let kept = dir.path().join("kept.db");
     drop(SqliteStore::open(&kept).unwrap());
@@ -1116,7 +1112,7 @@ fn the_rebuild_keeps_an_application_index_named_like_ours_or_fails() {
     idem_testkit::runtime().block_on(acquire(&store, &id, idem_testkit::t0()));
     drop(store);
     let c = Connection::open(&kept).unwrap();
-    assert_eq!(version(&c), schema::SCHEMA_VERSION);
+    assert_eq!(user_version(&c), schema::SCHEMA_VERSION);
     assert_eq!(
         index_names(&c),
         "idem_records_expires_at,idem_records_key,idem_records_scope_key,idem_records_stale"
@@ -1141,7 +1137,7 @@ fn the_rebuild_keeps_an_application_index_named_like_ours_or_fails() {
         assert_eq!(err.kind(), StoreErrorKind::Setup, "{err}");
         assert!(err.to_string().contains(name), "{err}");
         let c = Connection::open(&taken).unwrap();
-        assert_eq!(version(&c), 4);
+        assert_eq!(user_version(&c), 4);
         let mut expected = [name, "idem_records_expires_at", "idem_records_stale"];
         expected.sort_unstable();
         assert_eq!(index_names(&c), expected.join(","));
