@@ -259,15 +259,50 @@ pub(crate) fn open_reader(path: &Path) -> Result<Connection, StoreError> {
 /// Applies the migrations this file lacks, in one write transaction that
 /// first re-reads the version, so two processes opening a new file at once
 /// do not both create it.
+///
+/// Foreign keys are off while it runs, as in SQLite's own procedure for
+/// rebuilding a table: schema 5 drops the records table, and with them on
+/// (the bundled SQLite's default) the drop would first delete every
+/// record, and with the records, through an application's `ON DELETE
+/// CASCADE`, the application's rows that reference them. They cannot be
+/// switched inside a transaction, so they go off before it and come back
+/// after it; before the commit, every application table that references
+/// the records is checked against the rebuilt table.
 fn migrate(conn: &Connection) -> rusqlite::Result<()> {
+    let enforced: bool = conn.query_row("PRAGMA foreign_keys", [], |r| r.get(0))?;
+    if !enforced {
+        return migrate_in_transaction(conn, false);
+    }
+    conn.pragma_update(None, "foreign_keys", false)?;
+    let migrated = migrate_in_transaction(conn, true);
+    let restored = conn.pragma_update(None, "foreign_keys", true);
+    migrated.and(restored)
+}
+
+fn migrate_in_transaction(conn: &Connection, check_references: bool) -> rusqlite::Result<()> {
     conn.execute_batch("BEGIN IMMEDIATE")?;
     let result = (|| {
+        let orphans_before = match check_references {
+            true => orphans(conn)?,
+            false => 0,
+        };
         let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
         for step in MIGRATIONS
             .iter()
             .skip(usize::try_from(version).unwrap_or(0))
         {
             step(conn)?;
+        }
+        if check_references {
+            let after = orphans(conn)?;
+            if after > orphans_before {
+                return Err(rusqlite::Error::SqliteFailure(
+                    rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CONSTRAINT_FOREIGNKEY),
+                    Some(format!(
+                        "{after} rows of application tables reference records that are gone after the migration ({orphans_before} before it)"
+                    )),
+                ));
+            }
         }
         conn.execute_batch(&format!(
             "PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = {SCHEMA_VERSION};"
@@ -280,4 +315,33 @@ fn migrate(conn: &Connection) -> rusqlite::Result<()> {
             Err(e)
         }
     }
+}
+
+/// How many rows of the application's tables reference records that are
+/// not there, counted over the tables with a foreign key into the records
+/// (tables that reference only other tables are not idem's to check). The
+/// migration keeps every record, so the count must not grow; a reference
+/// SQLite can no longer resolve (to the primary key schema 4's table had,
+/// say, where schema 5's has none) fails with SQLite's "foreign key
+/// mismatch", naming the table: with foreign keys on, it would otherwise
+/// fail every later purge.
+fn orphans(conn: &Connection) -> rusqlite::Result<usize> {
+    let referencing: Vec<String> = conn
+        .prepare(
+            "SELECT DISTINCT m.name FROM sqlite_schema AS m, pragma_foreign_key_list(m.name) AS f \
+             WHERE m.type = 'table' AND f.\"table\" = 'idem_records' COLLATE NOCASE",
+        )?
+        .query_map([], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut orphans = 0;
+    for table in referencing {
+        orphans += conn
+            .prepare("SELECT parent FROM pragma_foreign_key_check(?1)")?
+            .query_map([&table], |r| r.get::<_, String>(0))?
+            .collect::<rusqlite::Result<Vec<_>>>()?
+            .iter()
+            .filter(|parent| parent.eq_ignore_ascii_case("idem_records"))
+            .count();
+    }
+    Ok(orphans)
 }

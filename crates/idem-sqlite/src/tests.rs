@@ -566,10 +566,7 @@ fn a_version_1_store_is_migrated_on_open() {
     drop(c);
     drop(SqliteStore::open(&path).unwrap());
     let c = Connection::open(&path).unwrap();
-    let v: i64 = c
-        .query_row("PRAGMA user_version", [], |r| r.get(0))
-        .unwrap();
-    assert_eq!(v, schema::SCHEMA_VERSION);
+    assert_eq!(user_version(&c), schema::SCHEMA_VERSION);
     let n: i64 = c
         .query_row(
             "SELECT count(*) FROM sqlite_schema \
@@ -719,10 +716,7 @@ fn a_version_2_store_is_migrated_on_open() {
     );
     drop(store);
     let c = Connection::open(&path).unwrap();
-    let v: i64 = c
-        .query_row("PRAGMA user_version", [], |r| r.get(0))
-        .unwrap();
-    assert_eq!(v, schema::SCHEMA_VERSION);
+    assert_eq!(user_version(&c), schema::SCHEMA_VERSION);
 }
 
 /// A file written by schema 3 (primary key (scope, operation, key) and an
@@ -1142,6 +1136,86 @@ fn the_rebuild_keeps_an_application_index_named_like_ours_or_fails() {
         expected.sort_unstable();
         assert_eq!(index_names(&c), expected.join(","));
     }
+}
+
+/// An application table whose rows reference the records through a
+/// foreign key (atomic mode invites its tables into the file) keeps them
+/// through schema 5's rebuild: with foreign keys on (the bundled SQLite's
+/// default), dropping the old table would have deleted every record first,
+/// and through `ON DELETE CASCADE` the application's rows with them. After
+/// the migration foreign keys are on again: the purge of the record still
+/// cascades. A reference the rebuilt table cannot resolve (to schema 4's
+/// primary key, which schema 5's table does not have) fails the migration,
+/// naming the problem, and leaves the file at schema 4 with its rows.
+#[test]
+fn the_rebuild_keeps_rows_that_reference_the_records() {
+    use idem_testkit::{t0, unique_id};
+    let dir = tempfile::tempdir().unwrap();
+    let rt = idem_testkit::runtime();
+    let count = |path: &std::path::Path| -> i64 {
+        Connection::open(path)
+            .unwrap()
+            .query_row("SELECT count(*) FROM app_payments", [], |r| r.get(0))
+            .unwrap()
+    };
+    let old_file = |name: &str, reference: &str| {
+        let path = dir.path().join(name);
+        let id = unique_id("referenced");
+        rt.block_on(async {
+            let store = SqliteStore::open(&path).unwrap();
+            acquire(&store, &id, t0()).await;
+        });
+        let c = Connection::open(&path).unwrap();
+        rewrite_as_old_schema(&c, 4, None);
+        c.execute_batch(&format!(
+            "CREATE TABLE app_payments (id INTEGER PRIMARY KEY, scope TEXT, operation TEXT, key TEXT,
+                 FOREIGN KEY (scope, key, operation) {reference} ON DELETE CASCADE);
+             INSERT INTO app_payments (scope, operation, key) SELECT scope, operation, key FROM idem_records;"
+        ))
+        .unwrap();
+        assert_eq!(count(&path), 1);
+        path
+    };
+
+    let kept = old_file("kept.db", "REFERENCES idem_records (scope, key, operation)");
+    // A row that was already an orphan (written with foreign keys off) is
+    // the application's business: it does not stop the migration.
+    Connection::open(&kept)
+        .unwrap()
+        .execute_batch(
+            "PRAGMA foreign_keys = OFF;
+             INSERT INTO app_payments (scope, operation, key) VALUES ('nobody', 'POST /x', 'gone');",
+        )
+        .unwrap();
+    let store = SqliteStore::open(&kept).unwrap();
+    assert_eq!(count(&kept), 2, "the migration kept the application's rows");
+    let c = Connection::open(&kept).unwrap();
+    assert_eq!(user_version(&c), schema::SCHEMA_VERSION);
+    let violations: i64 = c
+        .query_row("SELECT count(*) FROM pragma_foreign_key_check", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(violations, 1, "the orphan from before");
+    drop(c);
+    let purged = rt
+        .block_on(store.purge_expired(t0() + std::time::Duration::from_secs(400 * 86_400), 10))
+        .unwrap();
+    assert_eq!(purged, 1);
+    assert_eq!(
+        count(&kept),
+        1,
+        "foreign keys are on again: the purge cascades"
+    );
+    drop(store);
+
+    let mismatched = old_file("mismatched.db", "REFERENCES idem_records");
+    let err = SqliteStore::open(&mismatched).expect_err("schema 5 has no primary key to refer to");
+    assert_eq!(err.kind(), StoreErrorKind::Setup, "{err}");
+    assert!(err.to_string().contains("foreign key mismatch"), "{err}");
+    let c = Connection::open(&mismatched).unwrap();
+    assert_eq!(user_version(&c), 4);
+    assert_eq!(count(&mismatched), 1);
 }
 
 /// Backpressure: a stalled writer makes calls fail with `Unavailable`
