@@ -48,14 +48,15 @@
 //! rebuilds the table once, keeping the application's triggers, indexes
 //! and views on it, and the rows of its tables that reference the records
 //! (it runs with foreign keys off, and fails, leaving the file as it was,
-//! if such a reference names no unique key of the new table). Stop every
-//! process using the file before an upgrade.
+//! if SQLite cannot resolve a foreign key of such a table against the new
+//! table). Stop every process using the file before an upgrade.
 //!
 //! An application table beside the records should not reference them by
 //! foreign key: records expire and are purged, and an expired key's new
-//! claim replaces its record, so with `ON DELETE CASCADE` the
-//! application's rows would go with them, and with `NO ACTION` the purge
-//! and that claim would fail.
+//! claim replaces its record. With `ON DELETE CASCADE` the application's
+//! rows go with them; with `NO ACTION` the purge fails, and a claim that
+//! replaces a record leaves the application's rows pointing at the new
+//! record, another request's; with `RESTRICT` that claim fails too.
 //! The rowid is not a record's identity: a replaced record gets a new one,
 //! and `VACUUM` may renumber them.
 //!
