@@ -156,7 +156,9 @@ impl ReplayCache {
     ) -> Option<Arc<Finished>> {
         let entry = self.entries.get(id)?;
         if now >= entry.expires_at {
-            self.entries.remove(id);
+            // Only this copy: another thread may have kept a newer one of
+            // the same id meanwhile (the key was claimed again).
+            self.entries.remove_if(id, |kept| Arc::ptr_eq(kept, &entry));
             return None;
         }
         (entry.fingerprint == *fingerprint).then_some(entry)

@@ -79,6 +79,10 @@ fn drop_unusable(idle: &mut Vec<Idle>, now: Instant, timeout: Duration) {
     idle.retain(|e| !e.sender.is_closed() && !e.expired(now, timeout));
 }
 
+/// Why a connection that was not ready by the request's deadline failed.
+const CONNECT_TOO_SLOW: &str =
+    "the connection to the upstream was not ready within the upstream timeout";
+
 impl Pool {
     /// A pool of connections to `origin` (scheme and authority); `tls`
     /// is how an `https://` one is checked (`None` for `http://`).
@@ -120,14 +124,24 @@ impl Pool {
     /// connection, or a new one. The answer's connection goes back to the
     /// pool with the answer's head if hyper has read the whole answer by
     /// then, else when the answer's body is dropped.
+    ///
+    /// A new connection must be ready by `deadline` (the request's own):
+    /// until then nothing of the request was written, so a connect, TLS
+    /// or HTTP handshake that takes that long ends as
+    /// [`SendError::NotSent`], not as a timeout of unknown outcome. (The
+    /// connector's own timeout covers the TCP connect alone.)
     pub(crate) async fn send(
         self: &Arc<Self>,
         mut request: Request<Body>,
+        deadline: Instant,
     ) -> Result<Response<Body>, SendError> {
         loop {
             let (mut sender, reused) = match self.checkout() {
                 Some(sender) => (sender, true),
-                None => (self.connect().await?, false),
+                None => match tokio::time::timeout_at(deadline, self.connect()).await {
+                    Ok(connected) => (connected?, false),
+                    Err(_) => return Err(SendError::NotSent(CONNECT_TOO_SLOW.into())),
+                },
             };
             match sender.try_send_request(request).await {
                 Ok(response) => return Ok(self.returning(sender, response)),
@@ -205,15 +219,16 @@ impl Pool {
         sender: SendRequest<Body>,
         response: Response<Incoming>,
     ) -> Response<Body> {
+        let head_at = Instant::now();
         if sender.is_ready() {
-            self.put(sender, Instant::now());
+            self.put(sender, head_at);
             return response.map(boxed);
         }
         response.map(|body| {
             boxed(Returning {
                 body: Some(body),
                 home: Some((sender, self.clone())),
-                ended: None,
+                head_at,
             })
         })
     }
@@ -290,16 +305,21 @@ async fn reap(pool: Weak<Pool>, every: Duration) {
 struct Returning {
     body: Option<Incoming>,
     home: Option<(SendRequest<Body>, Arc<Pool>)>,
-    /// When the body's end was read: the upstream has been idle on the
-    /// connection since (a slow client may keep the body long after).
-    ended: Option<Instant>,
+    /// When the answer's head came: the connection counts as idle from
+    /// then. The upstream went quiet at some time after it, once it had
+    /// written the body, and hyper reads the body only as fast as its
+    /// reader takes it (a slow client may drain a large answer seconds
+    /// after the upstream finished and started its own keep-alive
+    /// clock), so no later time is known to be safe. An answer that took
+    /// longer than the idle timeout costs its connection.
+    head_at: Instant,
 }
 
 impl Drop for Returning {
     fn drop(&mut self) {
         drop(self.body.take());
         if let Some((sender, pool)) = self.home.take() {
-            pool.put(sender, self.ended.unwrap_or_else(Instant::now));
+            pool.put(sender, self.head_at);
         }
     }
 }
@@ -312,19 +332,10 @@ impl http_body::Body for Returning {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, hyper::Error>>> {
-        let Some(body) = self.body.as_mut() else {
-            return std::task::Poll::Ready(None);
-        };
-        let frame = std::pin::Pin::new(&mut *body).poll_frame(cx);
-        let at_end = match &frame {
-            std::task::Poll::Ready(None) => true,
-            std::task::Poll::Ready(Some(Ok(_))) => body.is_end_stream(),
-            _ => false,
-        };
-        if at_end && self.ended.is_none() {
-            self.ended = Some(Instant::now());
+        match self.body.as_mut() {
+            Some(body) => std::pin::Pin::new(body).poll_frame(cx),
+            None => std::task::Poll::Ready(None),
         }
-        frame
     }
 
     fn is_end_stream(&self) -> bool {
@@ -466,8 +477,13 @@ mod tests {
         request
     }
 
+    /// A deadline no test here reaches.
+    fn later() -> tokio::time::Instant {
+        tokio::time::Instant::now() + Duration::from_secs(60)
+    }
+
     async fn ok(pool: &Arc<Pool>) {
-        let response = pool.send(get()).await.unwrap();
+        let response = pool.send(get(), later()).await.unwrap();
         assert_eq!(response.status(), StatusCode::OK);
         let body = response.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(&body[..], b"ok");
@@ -525,7 +541,7 @@ mod tests {
         let pool = pool(&up, Duration::from_secs(60));
         // Twice: the second on a fresh connection, as the first closed.
         for n in 1..=2 {
-            match pool.send(get()).await {
+            match pool.send(get(), later()).await {
                 Err(SendError::Failed(_)) => {}
                 other => panic!("{:?}", other.map(|r| r.status())),
             }
@@ -541,7 +557,7 @@ mod tests {
         let up = upstream(Then::AnswerOnceThenCloseUnanswered).await;
         let pool = pool(&up, Duration::from_secs(60));
         ok(&pool).await;
-        match pool.send(get()).await {
+        match pool.send(get(), later()).await {
             Err(SendError::Failed(_)) => {}
             other => panic!("{:?}", other.map(|r| r.status())),
         }
@@ -562,7 +578,56 @@ mod tests {
             Duration::from_secs(5),
             Duration::from_secs(60),
         );
-        assert!(matches!(pool.send(get()).await, Err(SendError::NotSent(_))));
+        assert!(matches!(
+            pool.send(get(), later()).await,
+            Err(SendError::NotSent(_))
+        ));
+    }
+
+    /// An upstream that takes the TCP connection but never finishes the
+    /// TLS handshake (the connector's own timeout covers the TCP connect
+    /// only) fails by the request's deadline as not sent: nothing of the
+    /// request was written, so the gateway may release its key, where
+    /// the request's timeout would have held it as of unknown outcome.
+    #[tokio::test]
+    async fn a_handshake_that_outlasts_the_deadline_is_not_sent() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let origin: Uri = format!("https://{}", listener.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        let (took, mut taken) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            // Holds what it accepts, silent, until the test ends.
+            let (socket, _) = listener.accept().await.unwrap();
+            let _ = took.send(());
+            let _held = socket;
+            std::future::pending::<()>().await;
+        });
+        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+        let pool = Pool::new(
+            origin,
+            Some(tls),
+            Duration::from_secs(60),
+            Duration::from_secs(60),
+        );
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(300);
+        let sent = tokio::time::timeout(Duration::from_secs(30), pool.send(get(), deadline))
+            .await
+            .expect("the deadline ends the send");
+        match sent {
+            Err(SendError::NotSent(e)) => {
+                assert!(e.to_string().contains("not ready within"), "{e}");
+            }
+            Err(SendError::Failed(e)) => panic!("reported as written: {e}"),
+            Ok(r) => panic!("answered: {}", r.status()),
+        }
+        taken.recv().await.expect("the TCP connection was made");
     }
 
     /// A quiet pool closes its idle connections after the idle timeout:
@@ -619,7 +684,7 @@ mod tests {
         let up = upstream(Then::AnswerBodyWhenLetGo(gate.clone())).await;
         let pool = pool(&up, Duration::from_secs(60));
         for n in 1..=3 {
-            let response = pool.send(get()).await.unwrap();
+            let response = pool.send(get(), later()).await.unwrap();
             assert_eq!(pool.idle_count(), 0, "the connection is still in use");
             gate.add_permits(1);
             let body = response.into_body().collect().await.unwrap().to_bytes();
@@ -628,6 +693,25 @@ mod tests {
             assert_eq!(up.requests.load(Ordering::SeqCst), n);
         }
         assert_eq!(up.accepted.load(Ordering::SeqCst), 1);
+    }
+
+    /// A connection counts as idle from when its answer's head came, not
+    /// from when its body was read: hyper reads a body only as fast as
+    /// the client takes it, so the upstream may have gone quiet (and
+    /// started its own keep-alive clock) long before the end is read.
+    #[tokio::test]
+    async fn a_connection_is_idle_from_its_answers_head() {
+        let gate = Arc::new(Semaphore::new(0));
+        let up = upstream(Then::AnswerBodyWhenLetGo(gate.clone())).await;
+        let pool = pool(&up, Duration::from_secs(60));
+        let response = pool.send(get(), later()).await.unwrap();
+        let head_seen = tokio::time::Instant::now();
+        gate.add_permits(1);
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], b"ok");
+        let idle = pool.idle.lock().unwrap();
+        assert_eq!(idle.len(), 1);
+        assert!(idle[0].since <= head_seen, "idle from the body's end");
     }
 
     /// A connection whose answer was dropped before its body came is not
@@ -641,12 +725,12 @@ mod tests {
         let gate = Arc::new(Semaphore::new(0));
         let up = upstream(Then::AnswerBodyWhenLetGo(gate.clone())).await;
         let pool = pool(&up, Duration::from_secs(60));
-        let response = pool.send(get()).await.unwrap();
+        let response = pool.send(get(), later()).await.unwrap();
         assert_eq!(up.accepted.load(Ordering::SeqCst), 1);
         drop(response);
         // Both bodies may be sent: the abandoned one, and the next's.
         gate.add_permits(2);
-        let next = pool.send(get()).await.unwrap();
+        let next = pool.send(get(), later()).await.unwrap();
         assert_eq!(up.accepted.load(Ordering::SeqCst), 2);
         let body = next.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(&body[..], b"ok");

@@ -455,7 +455,7 @@ impl Forwarder {
         parts.uri = target;
         let request = Request::from_parts(parts, body);
         let deadline = Instant::now() + self.timeout;
-        match tokio::time::timeout_at(deadline, self.pool.send(request)).await {
+        match tokio::time::timeout_at(deadline, self.pool.send(request, deadline)).await {
             Ok(Ok(resp)) => {
                 let (mut parts, body) = resp.into_parts();
                 strip_hop_by_hop(&mut parts.headers, &[]);
