@@ -58,9 +58,14 @@ pub(crate) async fn store_call<T>(
 ) -> Result<T, StoreError> {
     // Timed around the deadline, so that a call that ran out of time is in
     // the histogram too (at the deadline), not left out as if it never was.
+    // The deadline is set inside the timed span (the async block runs at
+    // its first poll, after the clock started), so such a call is recorded
+    // at the deadline or later, never just under it.
     shared
         .meters
-        .timed(op, tokio::time::timeout(shared.store_timeout, fut))
+        .timed(op, async {
+            tokio::time::timeout(shared.store_timeout, fut).await
+        })
         .await
         .unwrap_or_else(|_| Err(crate::maintenance::timed_out(op.as_str())))
 }

@@ -148,6 +148,39 @@ async fn post_plain(base: &str, key: &str) -> reqwest::Response {
         .unwrap()
 }
 
+/// An https upstream that takes the TCP connection but never answers the
+/// TLS handshake: nothing of the request was written by the upstream
+/// timeout, so the answer is 502 `upstream-unreachable` with the key
+/// released (the retry with the same key is tried again, not held as of
+/// unknown outcome behind a 409 until the lease ends).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_upstream_handshake_releases_the_key() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        // Holds what it accepts, silent.
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    let g = gateway(
+        &format!("https://127.0.0.1:{}", addr.port()),
+        "memory:",
+        &["--upstream-timeout", "300ms"],
+    )
+    .await;
+    for attempt in 1..=2 {
+        let answer = post_plain(&g.base, "stalled-handshake-key-0001").await;
+        assert_eq!(answer.status(), 502, "attempt {attempt}");
+        let body = answer.text().await.unwrap();
+        assert!(
+            body.contains("upstream-unreachable"),
+            "attempt {attempt}: {body}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_https_upstream_is_reached_only_with_a_certificate_its_ca_signed() {
     let dir = tempfile::tempdir().unwrap();

@@ -158,24 +158,21 @@ impl Pool {
     }
 
     /// The newest idle connection that can take a request now. Closed
-    /// ones are dropped on the way, and one still finishing its last
-    /// exchange is left for later. If the newest ready one has been idle
-    /// for the idle timeout, it and every connection returned before it
-    /// are dropped: the upstream may be closing them.
+    /// ones, and ones idle for the idle timeout (the upstream may be
+    /// closing them), are dropped on the way; one still finishing its
+    /// last exchange is left for later. Each is judged on its own: the
+    /// stack is in the order connections came back, and a connection
+    /// that came back late (a long download) may have been idle longest.
     fn checkout(&self) -> Option<SendRequest<Body>> {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
         let mut i = idle.len();
         while i > 0 {
             i -= 1;
-            if idle[i].sender.is_ready() {
-                if idle[i].expired(Instant::now(), self.idle_timeout) {
-                    idle.drain(..=i);
-                    return None;
-                }
-                return Some(idle.remove(i).sender);
-            }
-            if idle[i].sender.is_closed() {
+            if idle[i].sender.is_closed() || idle[i].expired(now, self.idle_timeout) {
                 idle.remove(i);
+            } else if idle[i].sender.is_ready() {
+                return Some(idle.remove(i).sender);
             }
         }
         None
@@ -233,9 +230,11 @@ impl Pool {
         })
     }
 
-    /// Keeps `sender`, idle since `since` (when its last answer ended).
+    /// Keeps `sender`, idle since `since` (when its last answer's head
+    /// came), unless it is closed or already idle for the idle timeout.
     fn put(&self, sender: SendRequest<Body>, since: Instant) {
-        if sender.is_closed() {
+        let entry = Idle { sender, since };
+        if entry.sender.is_closed() || entry.expired(Instant::now(), self.idle_timeout) {
             return;
         }
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
@@ -243,7 +242,7 @@ impl Pool {
             drop_unusable(&mut idle, Instant::now(), self.idle_timeout);
         }
         if idle.len() < MAX_IDLE {
-            idle.push(Idle { sender, since });
+            idle.push(entry);
         }
     }
 
@@ -712,6 +711,34 @@ mod tests {
         let idle = pool.idle.lock().unwrap();
         assert_eq!(idle.len(), 1);
         assert!(idle[0].since <= head_seen, "idle from the body's end");
+    }
+
+    /// A connection that comes back idle for the idle timeout already
+    /// (its answer's head came that long ago) is not kept, and one found
+    /// idle that long at a checkout is dropped alone: the fresh ones
+    /// returned before it stay in use.
+    #[tokio::test]
+    async fn a_connection_back_late_is_dropped_alone() {
+        let up = upstream(Then::Answer).await;
+        let timeout = Duration::from_secs(10);
+        let pool = pool(&up, timeout);
+        let long_ago = tokio::time::Instant::now().checked_sub(timeout).unwrap();
+        let late = pool.connect().await.unwrap();
+        pool.put(late, long_ago);
+        assert_eq!(pool.idle_count(), 0, "kept though idle too long");
+
+        futures_util::future::join(ok(&pool), ok(&pool)).await;
+        assert_eq!(up.accepted.load(Ordering::SeqCst), 3);
+        assert_eq!(pool.idle_count(), 2);
+        // The newest came back late: only it goes.
+        pool.idle.lock().unwrap().last_mut().unwrap().since = long_ago;
+        ok(&pool).await;
+        assert_eq!(
+            up.accepted.load(Ordering::SeqCst),
+            3,
+            "a fresh one was used"
+        );
+        assert_eq!(pool.idle_count(), 1);
     }
 
     /// A connection whose answer was dropped before its body came is not
