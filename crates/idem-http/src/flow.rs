@@ -49,6 +49,16 @@ fn reject_keyed(shared: &Shared, r: Rejection, expires_at: Timestamp) -> Respons
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OutcomeUnknown;
 
+/// Put in a response's extensions by an inner service that cannot tell
+/// the body's end from a cut (an HTTP/1.1 answer framed by the closing of
+/// its connection: a crashed upstream's half answer reads the same). The
+/// effect happened, so the layer settles the record as executed, but
+/// keeps no body to replay: the client gets the answer as it comes, and a
+/// retry gets the `response-not-stored` problem with the same status,
+/// as for an answer over the replay limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnverifiedEnd;
+
 /// Runs a store call under the layer's deadline: past it, the call counts
 /// as `Unavailable` (503, fail closed).
 pub(crate) async fn store_call<T>(
@@ -472,6 +482,7 @@ async fn execute<E>(
         return (Outcome::Released, Ok(abandoned));
     }
     tracing::debug!(key = %id.key.log_id(), fence = lease.fence.get(), takeover = lease.takeover, "executing");
+    let head_request = request.method() == http::Method::HEAD;
     let call = inner(request);
     let outcome = tokio::select! {
         biased;
@@ -505,15 +516,20 @@ async fn execute<E>(
         finish(&shared, &id, token, Outcome::Held);
         return (Outcome::Held, Ok(Response::from_parts(parts, body)));
     }
-    let body = match read_response(body, shared.response_limit).await {
+    let read = if parts.extensions.get::<UnverifiedEnd>().is_some() {
+        ResponseBody::NotStorable(body, NotStored::UnverifiedEnd)
+    } else {
+        read_response(body, shared.response_limit).await
+    };
+    let body = match read {
         ResponseBody::Whole(bytes) => bytes,
-        ResponseBody::TooLarge(streamed) => {
-            // Executed, but too large to keep: the client still gets it
-            // whole, and a retry learns from the record what happened.
+        ResponseBody::NotStorable(streamed, why) => {
+            // Executed, but not kept: the client still gets it whole, and
+            // a retry learns from the record what happened.
             let outcome = if ctx.is_completed() {
                 Outcome::Executed
             } else {
-                let placeholder = not_stored(parts.status, shared.response_limit);
+                let placeholder = not_stored(parts.status, why, shared.response_limit);
                 let completion = match rule.policy.disposition(parts.status.as_u16()) {
                     Disposition::Release => None,
                     Disposition::Fail => Some(Completion::failed(placeholder)),
@@ -560,6 +576,12 @@ async fn execute<E>(
     };
     finish(&shared, &id, token, outcome);
     set_expires(&mut parts.headers, lease.expires_at);
+    if !head_request {
+        // The body is whole: its length is what the server writes, never
+        // a length or a coding the handler (or an upstream) announced.
+        parts.headers.remove(header::CONTENT_LENGTH);
+        parts.headers.remove(header::TRANSFER_ENCODING);
+    }
     (outcome, Ok(Response::from_parts(parts, full(body))))
 }
 
@@ -573,8 +595,9 @@ fn finish(shared: &Shared, id: &RecordId, token: u64, outcome: Outcome) {
 enum ResponseBody {
     /// All of it.
     Whole(Bytes),
-    /// Over the limit: what was read, followed by the rest, still to stream.
-    TooLarge(Body),
+    /// Not to be stored: over the limit (what was read, followed by the
+    /// rest, still to stream), or of an end that cannot be verified.
+    NotStorable(Body, NotStored),
     /// The body failed (or stalled past a deadline the service set).
     Failed,
 }
@@ -598,7 +621,10 @@ async fn read_response(mut body: Body, limit: usize) -> ResponseBody {
                     .map(|c| Ok::<_, BoxError>(http_body::Frame::data(c))),
             );
             let rest = BodyStream::new(body);
-            return ResponseBody::TooLarge(StreamBody::new(read.chain(rest)).boxed_unsync());
+            return ResponseBody::NotStorable(
+                StreamBody::new(read.chain(rest)).boxed_unsync(),
+                NotStored::TooLarge,
+            );
         }
     }
     ResponseBody::Whole(match chunks.len() {
@@ -608,16 +634,35 @@ async fn read_response(mut body: Body, limit: usize) -> ResponseBody {
     })
 }
 
-/// What a record keeps for a response too large to store: the original
+/// Why an executed answer's body was not stored.
+#[derive(Debug, Clone, Copy)]
+enum NotStored {
+    /// Over the replay limit.
+    TooLarge,
+    /// Its end could not be told from a cut ([`UnverifiedEnd`]).
+    UnverifiedEnd,
+}
+
+/// What a record keeps for a response it could not store: the original
 /// status, and a problem document saying the request was executed and
 /// where its record can be read.
-fn not_stored(status: StatusCode, limit: usize) -> StoredResponse {
+fn not_stored(status: StatusCode, why: NotStored, limit: usize) -> StoredResponse {
+    let (title, reason) = match why {
+        NotStored::TooLarge => (
+            "Response too large to replay",
+            format!("its response was over the replay limit of {limit} bytes and was not kept"),
+        ),
+        NotStored::UnverifiedEnd => (
+            "Response not replayable",
+            "its response ended with its connection, so a cut could not be told from the end, and it was not kept".to_owned(),
+        ),
+    };
     crate::Problem::idem(
         status,
         "response-not-stored",
-        "Response too large to replay",
+        title,
         format!(
-            "The request with this key was executed once; its response was over the replay limit of {limit} bytes and was not kept. Do not send it again as a new request: read GET /_idem/records/{{key}} for its status and resource id."
+            "The request with this key was executed once; {reason}. Do not send it again as a new request: read GET /_idem/records/{{key}} for its status and resource id."
         ),
     )
     .to_stored()

@@ -133,7 +133,7 @@ pub use body::{Body, BoxError, boxed, full};
 pub use context::IdempotencyContext;
 #[cfg(feature = "axum")]
 pub use extract::MissingIdempotencyContext;
-pub use flow::{IDEMPOTENCY_KEY, OutcomeUnknown};
+pub use flow::{IDEMPOTENCY_KEY, OutcomeUnknown, UnverifiedEnd};
 pub use layer::{DEFAULT_REPLAY_CACHE, IdempotencyLayer, IdempotencyLayerBuilder, LayerHandle};
 pub use problem::{PROBLEM_JSON, Problem};
 pub use read_path::{ReadPath, RecordView, ResponseView, lookup};

@@ -237,7 +237,9 @@ impl RouteRule {
 pub enum ScopeSource {
     /// A SHA-256 of the `Authorization` header; the anonymous scope without
     /// one (unless the layer requires a scope). A repeated `Authorization`
-    /// is refused. The default.
+    /// is refused. Its length is bounded only by the server's own limit on
+    /// request heads: access tokens (OIDC, Entra) are often 1.5-3 KiB.
+    /// The default.
     #[default]
     Authorization,
     /// A tenant or principal named by this header, set by a trusted proxy in
@@ -254,7 +256,10 @@ pub enum ScopeSource {
 /// A function that derives a request's scope.
 pub type ScopeFn = dyn Fn(&Parts) -> Result<Scope, ScopeError> + Send + Sync;
 
-/// The longest value a scope header may hold, in bytes.
+/// The longest value a scope header may hold, in bytes: a tenant or
+/// principal name set by a trusted proxy. `Authorization` is a credential,
+/// not a name, and has no limit of its own (the server's limit on request
+/// heads bounds it), also when it is named as a scope header.
 pub const MAX_SCOPE_HEADER_LEN: usize = 1024;
 
 /// Why a request's scope could not be derived (400, or 401 when no
@@ -268,8 +273,12 @@ pub enum ScopeError {
     /// The header that names the scope appears more than once.
     #[error("send exactly one {0} header")]
     Repeated(HeaderName),
-    /// The header is empty, has control characters, or is too long.
-    #[error("the {0} header must be 1 to 1024 bytes without control characters")]
+    /// The header is empty, has control characters, or is too long (a
+    /// scope header other than `Authorization` over
+    /// [`MAX_SCOPE_HEADER_LEN`]).
+    #[error(
+        "the {0} header must be non-empty, without control characters, and (unless it is Authorization) at most 1024 bytes"
+    )]
     Invalid(HeaderName),
     /// No credential, and the layer does not serve anonymous callers.
     #[error("this operation needs a credential (Authorization)")]
@@ -295,9 +304,9 @@ fn single<'a>(headers: &'a http::HeaderMap, name: &HeaderName) -> Result<&'a [u8
         (Some(_), Some(_)) => return Err(ScopeError::Repeated(name.clone())),
         (Some(v), None) => v.as_bytes(),
     };
-    let plausible = !value.is_empty()
-        && value.len() <= MAX_SCOPE_HEADER_LEN
-        && !value.iter().any(|b| b.is_ascii_control());
+    let within_limit = *name == http::header::AUTHORIZATION || value.len() <= MAX_SCOPE_HEADER_LEN;
+    let plausible =
+        !value.is_empty() && within_limit && !value.iter().any(|b| b.is_ascii_control());
     if plausible {
         Ok(value)
     } else {
@@ -340,14 +349,12 @@ mod tests {
 
     /// The operation a request got before rules were shared, written out
     /// on its own (not through `rooted` or `PathPattern`), so that a change
-    /// to either shows here: the method upper-cased, a space, the path with
-    /// exactly one leading `/`. Stored records are keyed by it.
+    /// to either shows here: the method as sent, a space, the path with
+    /// exactly one leading `/`. Stored records are keyed by it. (The
+    /// method was upper-cased until methods were bound as sent: the
+    /// standard methods, upper-case already, keep their names.)
     fn operation_before(method: &Method, path: &str) -> String {
-        format!(
-            "{} /{}",
-            method.as_str().to_ascii_uppercase(),
-            path.trim_start_matches('/')
-        )
+        format!("{} /{}", method.as_str(), path.trim_start_matches('/'))
     }
 
     fn method_from(token: &str) -> Method {
@@ -410,13 +417,21 @@ mod tests {
                 name
             );
         }
+        // Methods are case-sensitive: a lower-case extension method names
+        // its own records (it was upper-cased, and shared `PURGE`'s, until
+        // methods were bound as sent).
         let purge = method_from("purge");
         assert_eq!(
             RouteRule::default_operation(&purge, "/x").as_str(),
+            "purge /x"
+        );
+        let upper = method_from("PURGE");
+        assert_eq!(
+            RouteRule::default_operation(&upper, "/x").as_str(),
             "PURGE /x"
         );
         let rule = RouteRule::post("/orders/{id}").method(purge.clone());
-        assert_eq!(rule.operation(&purge).as_str(), "PURGE /orders/{id}");
+        assert_eq!(rule.operation(&purge).as_str(), "purge /orders/{id}");
     }
 
     #[test]
@@ -497,6 +512,20 @@ mod tests {
 
         let auth = ScopeSource::Authorization;
         assert_eq!(auth.scope_of(&parts(&[])).unwrap(), Scope::anonymous());
+        // A long access token is a credential like any other, under the
+        // default source and named as a scope header; two differ.
+        let token = |fill: u8| [&b"Bearer "[..], &vec![fill; 3000]].concat();
+        let named = ScopeSource::Header(http::header::AUTHORIZATION);
+        for source in [&auth, &named] {
+            let a = source
+                .scope_of(&parts(&[("authorization", &token(b'a'))]))
+                .unwrap();
+            let b = source
+                .scope_of(&parts(&[("authorization", &token(b'b'))]))
+                .unwrap();
+            assert_ne!(a, b);
+            assert_ne!(a, Scope::anonymous());
+        }
         assert!(matches!(
             auth.scope_of(&parts(&[
                 ("authorization", b"Bearer a"),

@@ -18,19 +18,36 @@
 //!   passes over it, and a task of the thread's own closes it, so a
 //!   thread that goes quiet does not hold it open either.
 //!
+//! And one thing it did not: a connection is used again only when its
+//! last exchange is known to have been in step ([`in_step`]). An upstream
+//! that answers before it has read a request's body (a 401 before
+//! authentication, a 413, a validation error) and keeps the connection
+//! may read that body as a request of its own, and its answer would then
+//! be taken for the next caller's. So a connection whose answer came
+//! before the request's body was handed over, whose answer to a request
+//! with a body was not a success, or whose status is not a final one
+//! (a 101 nobody asked for, a code outside 100-599) is closed once its
+//! answer is read. Bytes that arrive unasked on an idle connection (a
+//! second answer, or more than the answer's length) make hyper close it.
+//!
 //! Not a general client: one origin, HTTP/1 only, no proxies, and the
 //! caller writes `Host` and the origin-form target.
 
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::{Request, Response, Uri};
+use bytes::Bytes;
+use http::{Request, Response, StatusCode, Uri};
+use http_body::Body as _;
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
 use idem_http::{Body, BoxError, boxed};
+use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tower::ServiceExt as _;
 
@@ -62,8 +79,22 @@ pub(crate) struct Pool {
     reaping: AtomicBool,
 }
 
-struct Idle {
+/// One connection: what sends on it, and its task, ended when the
+/// connection must not serve again.
+struct Conn {
     sender: SendRequest<Body>,
+    task: AbortHandle,
+}
+
+impl Conn {
+    /// Closes the connection now: its task ends, and with it the socket.
+    fn close(self) {
+        self.task.abort();
+    }
+}
+
+struct Idle {
+    conn: Conn,
     since: Instant,
 }
 
@@ -76,7 +107,7 @@ impl Idle {
 
 /// Drops the closed and expired connections of `idle`.
 fn drop_unusable(idle: &mut Vec<Idle>, now: Instant, timeout: Duration) {
-    idle.retain(|e| !e.sender.is_closed() && !e.expired(now, timeout));
+    idle.retain(|e| !e.conn.sender.is_closed() && !e.expired(now, timeout));
 }
 
 /// Why a connection that was not ready by the request's deadline failed.
@@ -132,19 +163,34 @@ impl Pool {
     /// connector's own timeout covers the TCP connect alone.)
     pub(crate) async fn send(
         self: &Arc<Self>,
-        mut request: Request<Body>,
+        request: Request<Body>,
         deadline: Instant,
     ) -> Result<Response<Body>, SendError> {
+        // A request with a body tells when its end was handed over; one
+        // without has nothing an answer could come before.
+        let (mut request, body_end) = if request.body().is_end_stream() {
+            (request, None)
+        } else {
+            let handed = Arc::new(AtomicBool::new(false));
+            let tracked = request.map(|body| boxed(Tracked::new(body, handed.clone())));
+            (tracked, Some(handed))
+        };
         loop {
-            let (mut sender, reused) = match self.checkout() {
-                Some(sender) => (sender, true),
+            let (mut conn, reused) = match self.checkout() {
+                Some(conn) => (conn, true),
                 None => match tokio::time::timeout_at(deadline, self.connect()).await {
                     Ok(connected) => (connected?, false),
                     Err(_) => return Err(SendError::NotSent(CONNECT_TOO_SLOW.into())),
                 },
             };
-            match sender.try_send_request(request).await {
-                Ok(response) => return Ok(self.returning(sender, response)),
+            match conn.sender.try_send_request(request).await {
+                Ok(response) => {
+                    let in_step = in_step(
+                        response.status(),
+                        body_end.as_ref().map(|h| h.load(Ordering::Acquire)),
+                    );
+                    return Ok(self.returning(conn, response, in_step));
+                }
                 Err(mut e) => match e.take_message() {
                     // An idle connection the upstream closed: try another.
                     // Each pass takes one connection out of the pool, and
@@ -163,22 +209,22 @@ impl Pool {
     /// last exchange is left for later. Each is judged on its own: the
     /// stack is in the order connections came back, and a connection
     /// that came back late (a long download) may have been idle longest.
-    fn checkout(&self) -> Option<SendRequest<Body>> {
+    fn checkout(&self) -> Option<Conn> {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         let now = Instant::now();
         let mut i = idle.len();
         while i > 0 {
             i -= 1;
-            if idle[i].sender.is_closed() || idle[i].expired(now, self.idle_timeout) {
+            if idle[i].conn.sender.is_closed() || idle[i].expired(now, self.idle_timeout) {
                 idle.remove(i);
-            } else if idle[i].sender.is_ready() {
-                return Some(idle.remove(i).sender);
+            } else if idle[i].conn.sender.is_ready() {
+                return Some(idle.remove(i).conn);
             }
         }
         None
     }
 
-    async fn connect(self: &Arc<Self>) -> Result<SendRequest<Body>, SendError> {
+    async fn connect(self: &Arc<Self>) -> Result<Conn, SendError> {
         self.start_reaping();
         let io = self
             .connector
@@ -205,36 +251,52 @@ impl Pool {
             };
             return Err(SendError::NotSent(cause.into()));
         }
-        Ok(sender)
+        Ok(Conn {
+            sender,
+            task: task.abort_handle(),
+        })
     }
 
     /// `response` with its connection: back in the pool now if the
     /// exchange is over (the whole answer was read with its head), else
-    /// when its body is dropped.
+    /// when its body is dropped; closed instead, then, if the exchange
+    /// was not `in_step`.
     fn returning(
         self: &Arc<Self>,
-        sender: SendRequest<Body>,
+        conn: Conn,
         response: Response<Incoming>,
+        in_step: bool,
     ) -> Response<Body> {
         let head_at = Instant::now();
-        if sender.is_ready() {
-            self.put(sender, head_at);
+        if conn.sender.is_ready() {
+            self.settle(conn, head_at, in_step);
             return response.map(boxed);
         }
         response.map(|body| {
             boxed(Returning {
                 body: Some(body),
-                home: Some((sender, self.clone())),
+                home: Some((conn, self.clone())),
                 head_at,
+                in_step,
             })
         })
     }
 
-    /// Keeps `sender`, idle since `since` (when its last answer's head
+    /// Once an exchange is over: keeps its connection if it was in step,
+    /// else closes it.
+    fn settle(&self, conn: Conn, since: Instant, in_step: bool) {
+        if in_step {
+            self.put(conn, since);
+        } else {
+            conn.close();
+        }
+    }
+
+    /// Keeps `conn`, idle since `since` (when its last answer's head
     /// came), unless it is closed or already idle for the idle timeout.
-    fn put(&self, sender: SendRequest<Body>, since: Instant) {
-        let entry = Idle { sender, since };
-        if entry.sender.is_closed() || entry.expired(Instant::now(), self.idle_timeout) {
+    fn put(&self, conn: Conn, since: Instant) {
+        let entry = Idle { conn, since };
+        if entry.conn.sender.is_closed() || entry.expired(Instant::now(), self.idle_timeout) {
             return;
         }
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
@@ -286,6 +348,121 @@ fn plain_only() -> rustls::ClientConfig {
         .unwrap_or_else(|_| unreachable!("ring supports the default protocol versions"))
 }
 
+/// Whether an exchange whose answer has `status` was in step, so that its
+/// connection may serve again once the answer is read: `body_handed` is
+/// whether the request's body had been handed over whole when the answer
+/// came (`None`: the request had no body).
+///
+/// Not in step, and closed:
+/// - an answer that came before the request's body was handed over: the
+///   upstream answered without reading it, and may read it yet, as a
+///   request of its own;
+/// - any answer but a success to a request with a body: a refusal or a
+///   redirect is what a service sends without reading the body (RFC 9112
+///   section 9.6 lets it close; many keep the connection and then read
+///   the body as the next request). Nothing on the wire tells the two
+///   apart, and a new connection is cheap beside an answer handed to the
+///   wrong caller;
+/// - a status that is not a final one: a 101 to a request that asked for
+///   no upgrade (the gateway forwards no `Upgrade`), or a code outside
+///   100-599 (RFC 9110 section 15).
+fn in_step(status: StatusCode, body_handed: Option<bool>) -> bool {
+    let final_status = (200..=599).contains(&status.as_u16());
+    match body_handed {
+        None => final_status,
+        Some(handed) => handed && status.is_success(),
+    }
+}
+
+/// The most of a request body handed to hyper at a time. hyper takes a
+/// frame whole and writes it as the socket allows, so a body handed over
+/// as one frame (every keyed body is) would count as handed over long
+/// before it is written; in pieces of this size, the end is handed over
+/// only once all but hyper's own write buffer (a few pieces) has been
+/// written. Keyed bodies are mostly smaller: one piece, as before.
+const PIECE: usize = 64 * 1024;
+
+/// A request body that says when its end has been handed to hyper (after
+/// the frame that leaves it at its end, or when it reports its end),
+/// handing data over in pieces of at most [`PIECE`] bytes.
+struct Tracked {
+    inner: Body,
+    /// The rest of a data frame larger than a piece.
+    rest: Option<Bytes>,
+    handed: Arc<AtomicBool>,
+}
+
+impl Tracked {
+    fn new(inner: Body, handed: Arc<AtomicBool>) -> Tracked {
+        Tracked {
+            inner,
+            rest: None,
+            handed,
+        }
+    }
+
+    /// The next piece of `data`, keeping what is left of it.
+    fn piece(&mut self, mut data: Bytes) -> Bytes {
+        if data.len() > PIECE {
+            let piece = data.split_to(PIECE);
+            self.rest = Some(data);
+            piece
+        } else {
+            data
+        }
+    }
+}
+
+impl http_body::Body for Tracked {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        let polled = match this.rest.take() {
+            Some(rest) => Poll::Ready(Some(Ok(http_body::Frame::data(this.piece(rest))))),
+            None => match Pin::new(&mut this.inner).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => Poll::Ready(Some(Ok(http_body::Frame::data(this.piece(data))))),
+                    Err(frame) => Poll::Ready(Some(Ok(frame))),
+                },
+                other => other,
+            },
+        };
+        let ended = match &polled {
+            Poll::Ready(None) => true,
+            Poll::Ready(Some(Ok(_))) => this.rest.is_none() && this.inner.is_end_stream(),
+            _ => false,
+        };
+        if ended {
+            this.handed.store(true, Ordering::Release);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        let end = self.rest.is_none() && self.inner.is_end_stream();
+        if end {
+            self.handed.store(true, Ordering::Release);
+        }
+        end
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        let rest = self.rest.as_ref().map_or(0, |r| r.len() as u64);
+        let inner = self.inner.size_hint();
+        let mut hint = http_body::SizeHint::new();
+        hint.set_lower(inner.lower().saturating_add(rest));
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper.saturating_add(rest));
+        }
+        hint
+    }
+}
+
 async fn reap(pool: Weak<Pool>, every: Duration) {
     loop {
         tokio::time::sleep(every).await;
@@ -303,7 +480,7 @@ async fn reap(pool: Weak<Pool>, every: Duration) {
 /// hyper has read the rest of that answer, and is closed otherwise.
 struct Returning {
     body: Option<Incoming>,
-    home: Option<(SendRequest<Body>, Arc<Pool>)>,
+    home: Option<(Conn, Arc<Pool>)>,
     /// When the answer's head came: the connection counts as idle from
     /// then. The upstream went quiet at some time after it, once it had
     /// written the body, and hyper reads the body only as fast as its
@@ -312,13 +489,16 @@ struct Returning {
     /// clock), so no later time is known to be safe. An answer that took
     /// longer than the idle timeout costs its connection.
     head_at: Instant,
+    /// Whether the exchange was in step: if not, the connection is
+    /// closed when the body is dropped ([`in_step`]).
+    in_step: bool,
 }
 
 impl Drop for Returning {
     fn drop(&mut self) {
         drop(self.body.take());
-        if let Some((sender, pool)) = self.home.take() {
-            pool.put(sender, self.head_at);
+        if let Some((conn, pool)) = self.home.take() {
+            pool.settle(conn, self.head_at, self.in_step);
         }
     }
 }

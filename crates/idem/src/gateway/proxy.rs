@@ -9,9 +9,18 @@
 //! client is a trusted proxy.
 //!
 //! For a keyed request (one the idempotency layer executes) the whole
-//! exchange, response body included, runs under the upstream timeout, and
-//! a failure after the request was sent is marked [`OutcomeUnknown`]: the
-//! upstream may have committed, so the key stays held until its lease ends.
+//! exchange, response body included up to the replay limit, runs under
+//! the upstream timeout, and a failure after the request was sent is
+//! marked [`OutcomeUnknown`]: the upstream may have committed, so the key
+//! stays held until its lease ends. Past the replay limit the layer
+//! streams the answer instead of storing it, and the rest of the body
+//! runs under the body timeout between frames.
+//!
+//! What the client receives of an answer is framed from what is sent: a
+//! `Content-Length` that came with a `Transfer-Encoding` is dropped (RFC
+//! 9112 section 6.3), and an answer whose status is not a final one (a
+//! 101 nobody asked for, a code outside 100-599) is not passed on at all
+//! (502, and the key released).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -25,7 +34,7 @@ use futures_util::future::BoxFuture;
 use http::header::{self, HeaderName};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri};
-use idem_http::{Body, BoxError, IdempotencyContext, OutcomeUnknown, boxed};
+use idem_http::{Body, BoxError, IdempotencyContext, OutcomeUnknown, UnverifiedEnd, boxed};
 use std::future::Future as _;
 use tokio::time::{Instant, Sleep};
 use tower::Service;
@@ -45,6 +54,12 @@ struct Forwarder {
     /// what the forwarding headers say the client used.
     client_proto: &'static str,
     timeout: Duration,
+    /// The replay limit (`--max-response`): how much of a keyed answer
+    /// the layer reads whole, under `timeout`.
+    replay_limit: usize,
+    /// How long the rest of an answer too large to store may go without
+    /// a frame (`--body-timeout`).
+    body_idle_timeout: Duration,
     trust_forwarded: bool,
     /// End-to-end headers a client may not remove by naming them in
     /// `Connection`: the key (under `--key-header`'s name) and the scope
@@ -69,6 +84,8 @@ impl Proxy {
             upstream,
             client_proto: if cfg.tls.is_some() { "https" } else { "http" },
             timeout: cfg.upstream_timeout,
+            replay_limit: cfg.max_response,
+            body_idle_timeout: cfg.body_timeout,
             trust_forwarded: cfg.trust_forwarded,
             protected: [
                 cfg.key_header.clone(),
@@ -291,10 +308,36 @@ fn set_forwarding(
     }
 }
 
-/// A response body that fails once `deadline` passes.
+/// A keyed answer's body: the part the layer reads whole (up to the
+/// replay limit) must arrive by the request's deadline; once past the
+/// limit the layer streams the rest to the client, and it may take as long
+/// as it needs, so long as the upstream is never silent for the idle
+/// timeout (counted from when a read finds nothing to take, so a client
+/// that reads slowly costs the upstream nothing).
 struct Deadline {
     inner: Body,
     sleep: Pin<Box<Sleep>>,
+    /// Data bytes still to come before the limit is passed.
+    left_until_past_limit: usize,
+    idle: Duration,
+    /// Streaming, and the idle timer runs for the present wait.
+    waiting: bool,
+}
+
+impl Deadline {
+    fn new(inner: Body, deadline: Instant, limit: usize, idle: Duration) -> Deadline {
+        Deadline {
+            inner,
+            sleep: Box::pin(tokio::time::sleep_until(deadline)),
+            left_until_past_limit: limit.saturating_add(1),
+            idle,
+            waiting: false,
+        }
+    }
+
+    fn streaming(&self) -> bool {
+        self.left_until_past_limit == 0
+    }
 }
 
 impl http_body::Body for Deadline {
@@ -305,12 +348,29 @@ impl http_body::Body for Deadline {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
-        if self.sleep.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Some(Err(
-                "upstream response body passed its deadline".into()
-            )));
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled {
+            let len = frame.data_ref().map_or(0, Bytes::len);
+            self.left_until_past_limit = self.left_until_past_limit.saturating_sub(len);
+            self.waiting = false;
+            return polled;
         }
-        Pin::new(&mut self.inner).poll_frame(cx)
+        if polled.is_pending() {
+            if self.streaming() && !self.waiting {
+                let until = Instant::now() + self.idle;
+                self.sleep.as_mut().reset(until);
+                self.waiting = true;
+            }
+            if self.sleep.as_mut().poll(cx).is_ready() {
+                let why = if self.streaming() {
+                    "upstream response body was silent for the body timeout"
+                } else {
+                    "upstream response body passed its deadline"
+                };
+                return Poll::Ready(Some(Err(why.into())));
+            }
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
@@ -402,6 +462,9 @@ fn rewrite_headers(
 ) {
     let original_host = headers.get(header::HOST).cloned();
     strip_hop_by_hop(headers, protected);
+    // The gateway answered the client's `100-continue` itself (hyper does,
+    // as the body is read) and sends the body at once.
+    headers.remove(header::EXPECT);
     set_forwarding(
         headers,
         peer,
@@ -444,6 +507,7 @@ impl Forwarder {
             );
         };
         let keyed = parts.extensions.get::<IdempotencyContext>().is_some();
+        let head = parts.method == http::Method::HEAD;
         rewrite_headers(
             &mut parts.headers,
             parts.extensions.get::<Peer>(),
@@ -458,15 +522,36 @@ impl Forwarder {
         match tokio::time::timeout_at(deadline, self.pool.send(request, deadline)).await {
             Ok(Ok(resp)) => {
                 let (mut parts, body) = resp.into_parts();
+                if !(200..=599).contains(&parts.status.as_u16()) {
+                    // The pool closes its connection (a 101 ended it).
+                    return invalid_status(parts.status);
+                }
+                let unverified_end = ends_at_close(&parts.headers)
+                    && !head
+                    && !matches!(parts.status.as_u16(), 204 | 304);
+                // RFC 9112 section 6.3: a length that came with a transfer
+                // coding is not the body's; hyper decoded the body by the
+                // coding, and the client's framing is computed from it.
+                if parts.headers.contains_key(header::TRANSFER_ENCODING) {
+                    parts.headers.remove(header::CONTENT_LENGTH);
+                }
                 strip_hop_by_hop(&mut parts.headers, &[]);
                 // The pool's answer is boxed already.
                 let body = if keyed {
-                    // The layer reads a keyed answer whole before storing
-                    // it: a stalled body must not outlive the lease.
-                    boxed(Deadline {
-                        inner: body,
-                        sleep: Box::pin(tokio::time::sleep_until(deadline)),
-                    })
+                    if unverified_end {
+                        // Its end cannot be told from a cut: the layer
+                        // passes it on and does not store it.
+                        parts.extensions.insert(UnverifiedEnd);
+                    }
+                    // The layer reads a keyed answer whole (up to the
+                    // replay limit) before storing it: a stalled body
+                    // must not outlive the lease.
+                    boxed(Deadline::new(
+                        body,
+                        deadline,
+                        self.replay_limit,
+                        self.body_idle_timeout,
+                    ))
                 } else {
                     body
                 };
@@ -498,6 +583,41 @@ impl Forwarder {
             )),
         }
     }
+}
+
+/// Whether an answer with these headers ends when the upstream closes
+/// the connection (RFC 9112 section 6.3): a transfer coding other than a
+/// final `chunked`, or neither a coding nor a length. A cut there reads
+/// the same as the end.
+fn ends_at_close(headers: &HeaderMap) -> bool {
+    let mut codings = headers.get_all(header::TRANSFER_ENCODING).iter().peekable();
+    if codings.peek().is_none() {
+        return !headers.contains_key(header::CONTENT_LENGTH);
+    }
+    let last = codings
+        .last()
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.rsplit(',').next())
+        .map(str::trim);
+    !last.is_some_and(|c| c.eq_ignore_ascii_case("chunked"))
+}
+
+/// The answer for an upstream status that is not a final one: nothing of
+/// it is passed on, and the layer releases the key (as for a 5xx).
+fn invalid_status(status: StatusCode) -> Response<Body> {
+    tracing::warn!(
+        status = status.as_u16(),
+        "upstream answered with a status that is not a final one"
+    );
+    problem(
+        StatusCode::BAD_GATEWAY,
+        "upstream-failed",
+        "Upstream failed",
+        &format!(
+            "The service behind the gateway answered with status {}, which is not a final HTTP status; the answer was not passed on and the key was released. Retry with the same key.",
+            status.as_u16()
+        ),
+    )
 }
 
 impl Service<Request<Body>> for Proxy {

@@ -1,6 +1,9 @@
-//! The gateway's own front service: the ambiguous-path check, the read
-//! path at `/_idem/records/{key}`, and everything else through the
-//! idempotency layer to the upstream.
+//! The gateway's own front service: the checks of what an upstream could
+//! read otherwise than the layer does (ambiguous paths, a method that
+//! differs from a standard one only in case, transfer codings other than
+//! `chunked`, expectations other than `100-continue`), the read path at
+//! `/_idem/records/{key}`, and everything else through the idempotency
+//! layer to the upstream.
 //!
 //! Written by hand rather than with axum's `Router`: the gateway has one
 //! route and a fallback, and the router's per-request work (matching,
@@ -13,7 +16,7 @@ use std::net::SocketAddr;
 use std::task::{Context, Poll};
 
 use futures_util::future::{Either, Ready, ready};
-use http::{Request, Response, StatusCode};
+use http::{HeaderMap, Method, Request, Response, StatusCode, header};
 use http_body::Body as HttpBody;
 use idem_http::{Body, BoxError, Idempotency, ReadPath, ResponseFuture};
 use tower::Service;
@@ -56,11 +59,25 @@ pub(crate) struct Gateway {
 
 type ReadFuture = <ReadPath as Service<Request<()>>>::Future;
 
-/// Whether `path` is the read path's: the prefix and one non-empty
-/// segment, as axum's `{key}` matched it.
-fn is_read_path(path: &str) -> bool {
-    path.strip_prefix(READ_PATH)
-        .is_some_and(|key| !key.is_empty() && !key.contains('/'))
+/// Where a path stands with the read path: every path under its prefix
+/// is the gateway's, never the upstream's.
+#[derive(Debug, PartialEq, Eq)]
+enum ReadPathMatch {
+    /// Not under the prefix.
+    Elsewhere,
+    /// The prefix and one non-empty segment: the key, percent-encoded
+    /// where it holds `/` (and whatever else it likes).
+    Key,
+    /// Under the prefix, but not one segment: a key's raw `/`, or none.
+    Malformed,
+}
+
+fn read_path_match(path: &str) -> ReadPathMatch {
+    match path.strip_prefix(READ_PATH) {
+        None => ReadPathMatch::Elsewhere,
+        Some(key) if !key.is_empty() && !key.contains('/') => ReadPathMatch::Key,
+        Some(_) => ReadPathMatch::Malformed,
+    }
 }
 
 impl<B> Service<Request<B>> for Gateway
@@ -83,22 +100,109 @@ where
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        if let Some(why) = ambiguous_path(req.uri().path()) {
-            let refused = idem_http::Problem::idem(
+        let path = req.uri().path();
+        let refused = match read_path_match(path) {
+            ReadPathMatch::Key => None,
+            ReadPathMatch::Malformed => Some(problem(
                 StatusCode::BAD_REQUEST,
-                "invalid-path",
-                "Invalid path",
-                format!("The path {why}; send the plain, resolved path."),
-            )
-            .into_response();
+                "invalid-key",
+                "Invalid key",
+                "The read path takes the key as one path segment: percent-encode a '/' in it as %2F.",
+            )),
+            ReadPathMatch::Elsewhere => ambiguous_path(path).map(|why| {
+                problem(
+                    StatusCode::BAD_REQUEST,
+                    "invalid-path",
+                    "Invalid path",
+                    &format!("The path {why}; send the plain, resolved path."),
+                )
+            }),
+        };
+        if let Some(refused) = refused.or_else(|| unreadable_request(req.method(), req.headers())) {
             return Either::Left(ready(Ok(refused)));
         }
         req.extensions_mut().insert(self.peer.clone());
-        if is_read_path(req.uri().path()) {
+        if read_path_match(req.uri().path()) == ReadPathMatch::Key {
             return Either::Right(Either::Left(self.front.read_path.call(req)));
         }
         Either::Right(Either::Right(self.front.proxied.call(req)))
     }
+}
+
+fn problem(status: StatusCode, kind: &str, title: &'static str, detail: &str) -> Response<Body> {
+    idem_http::Problem::idem(status, kind, title, detail).into_response()
+}
+
+/// The methods RFC 9110 defines (and PATCH, RFC 5789).
+const STANDARD_METHODS: [Method; 9] = [
+    Method::GET,
+    Method::HEAD,
+    Method::POST,
+    Method::PUT,
+    Method::DELETE,
+    Method::CONNECT,
+    Method::OPTIONS,
+    Method::TRACE,
+    Method::PATCH,
+];
+
+/// The answer for a request the upstream could read otherwise than the
+/// layer does, if it is one:
+/// - a method that differs from a standard one only in case (`post`):
+///   methods are case-sensitive, so the layer names its records apart
+///   from `POST`'s and applies no rule of `POST`'s to it, while an
+///   upstream that reads methods without regard to case would execute it
+///   as a `POST` (400);
+/// - a transfer coding other than a lone `chunked` (`gzip, chunked`):
+///   hyper decodes the chunks alone, and the upstream would get coded
+///   bytes with no header naming the coding (501, RFC 9112 section 6.1);
+/// - an expectation other than `100-continue`, which the gateway cannot
+///   meet (417, RFC 9110 section 10.1.1). `100-continue` itself is met by
+///   the gateway, which then sends the body on at once without it.
+fn unreadable_request(method: &Method, headers: &HeaderMap) -> Option<Response<Body>> {
+    let sent = method.as_str();
+    if let Some(standard) = STANDARD_METHODS
+        .iter()
+        .find(|m| m.as_str() != sent && m.as_str().eq_ignore_ascii_case(sent))
+    {
+        return Some(problem(
+            StatusCode::BAD_REQUEST,
+            "invalid-method",
+            "Invalid method",
+            &format!("Methods are case-sensitive: '{sent}' is not {standard}. Send {standard}."),
+        ));
+    }
+    let mut codings = headers
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .map(<[u8]>::trim_ascii)
+        .filter(|c| !c.is_empty());
+    let first = codings.next();
+    let only_chunked =
+        first.is_none_or(|c| c.eq_ignore_ascii_case(b"chunked")) && codings.next().is_none();
+    if !only_chunked {
+        return Some(problem(
+            StatusCode::NOT_IMPLEMENTED,
+            "unsupported-transfer-coding",
+            "Transfer coding not supported",
+            "The gateway takes request bodies framed by Content-Length or by chunked alone; send the body without other transfer codings (a Content-Encoding is passed on).",
+        ));
+    }
+    let unmet = headers.get_all(header::EXPECT).iter().any(|v| {
+        !v.as_bytes()
+            .trim_ascii()
+            .eq_ignore_ascii_case(b"100-continue")
+    });
+    if unmet {
+        return Some(problem(
+            StatusCode::EXPECTATION_FAILED,
+            "expectation-failed",
+            "Expectation failed",
+            "The gateway meets no expectation but 100-continue.",
+        ));
+    }
+    None
 }
 
 /// Why a request path is refused, if it is: paths that an upstream might
@@ -137,7 +241,8 @@ fn ambiguous_path(path: &str) -> Option<&'static str> {
 
 #[cfg(test)]
 mod tests {
-    use super::{ambiguous_path, is_read_path};
+    use super::{ReadPathMatch, ambiguous_path, read_path_match, unreadable_request};
+    use http::{HeaderMap, Method};
 
     #[test]
     fn paths_an_upstream_could_resolve_elsewhere_are_found() {
@@ -173,23 +278,93 @@ mod tests {
         }
     }
 
-    /// The paths axum's `/_idem/records/{key}` matched, and no others
-    /// (those go to the upstream, as they did).
+    /// The paths axum's `/_idem/records/{key}` matched are the read
+    /// path's; every other path under its prefix is refused, never sent
+    /// to the upstream (a key's raw `/` would have split it there).
     #[test]
-    fn the_read_path_is_its_prefix_and_one_segment() {
-        for p in ["/_idem/records/k", "/_idem/records/key-0001%20x"] {
-            assert!(is_read_path(p), "{p}");
+    fn the_read_path_owns_its_prefix() {
+        for p in [
+            "/_idem/records/k",
+            "/_idem/records/key-0001%20x",
+            "/_idem/records/ab%2Fcd%2B%3D%3D",
+        ] {
+            assert_eq!(read_path_match(p), ReadPathMatch::Key, "{p}");
         }
         for p in [
             "/_idem/records/",
-            "/_idem/records",
             "/_idem/records/a/b",
             "/_idem/records/a/",
+            "/_idem/records//",
+        ] {
+            assert_eq!(read_path_match(p), ReadPathMatch::Malformed, "{p}");
+        }
+        for p in [
+            "/_idem/records",
             "/_idem/recordsx/a",
             "/x/_idem/records/a",
             "",
         ] {
-            assert!(!is_read_path(p), "{p}");
+            assert_eq!(read_path_match(p), ReadPathMatch::Elsewhere, "{p}");
         }
+    }
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (n, v) in pairs {
+            map.append(
+                http::HeaderName::from_bytes(n.as_bytes()).unwrap(),
+                http::HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        map
+    }
+
+    #[test]
+    fn requests_an_upstream_could_read_otherwise_are_refused() {
+        let method = |m: &str| Method::from_bytes(m.as_bytes()).unwrap();
+        let status = |m: &str, h: &[(&str, &str)]| {
+            unreadable_request(&method(m), &headers(h)).map(|r| r.status().as_u16())
+        };
+        for m in ["post", "Post", "pOST", "get", "patch", "Delete", "connect"] {
+            assert_eq!(status(m, &[]), Some(400), "{m}");
+        }
+        for m in [
+            "POST", "GET", "PATCH", "PURGE", "purge", "REPORT", "posting",
+        ] {
+            assert_eq!(status(m, &[]), None, "{m}");
+        }
+        for te in [
+            "gzip, chunked",
+            "gzip,chunked",
+            "identity",
+            "chunked, chunked",
+            "x",
+        ] {
+            assert_eq!(
+                status("POST", &[("transfer-encoding", te)]),
+                Some(501),
+                "{te}"
+            );
+        }
+        assert_eq!(
+            status(
+                "POST",
+                &[
+                    ("transfer-encoding", "gzip"),
+                    ("transfer-encoding", "chunked")
+                ]
+            ),
+            Some(501)
+        );
+        for te in ["chunked", "Chunked", " chunked "] {
+            assert_eq!(status("POST", &[("transfer-encoding", te)]), None, "{te}");
+        }
+        assert_eq!(status("POST", &[("expect", "100-continue")]), None);
+        assert_eq!(status("POST", &[("expect", "100-Continue ")]), None);
+        assert_eq!(status("POST", &[("expect", "200-ok")]), Some(417));
+        assert_eq!(
+            status("POST", &[("expect", "100-continue"), ("expect", "x")]),
+            Some(417)
+        );
     }
 }
