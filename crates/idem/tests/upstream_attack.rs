@@ -196,6 +196,25 @@ async fn serve(
                 "401 Unauthorized"
             };
             socket.write_all(&response(status, "", b"early")).await
+        } else if path == "/head-late" || path == "/no-content-late" {
+            // An answer that announces a body it does not carry, and the
+            // body's bytes (shaped as an answer) once the next request is
+            // on the connection.
+            let head: &[u8] = if path == "/head-late" {
+                b"HTTP/1.1 200 OK\r\ncontent-length: 40\r\n\r\n"
+            } else {
+                b"HTTP/1.1 204 No Content\r\ncontent-length: 40\r\n\r\n"
+            };
+            if socket.write_all(head).await.is_err() {
+                return;
+            }
+            while buf.is_empty() {
+                match socket.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            }
+            socket.write_all(FORGED).await
         } else if path == "/smuggled" {
             let _ = smuggled.send(());
             // A slow operation: its answer comes once the next request
@@ -224,7 +243,7 @@ async fn serve(
                     let _ = socket.write_all(&bytes).await;
                     return;
                 }
-                Answer::Paced(head, pieces) => {
+                Answer::Paced(head, pieces, close) => {
                     let mut written = socket.write_all(&head).await;
                     for piece in pieces {
                         if written.is_err() {
@@ -234,6 +253,9 @@ async fn serve(
                         // how the test waits.
                         tokio::time::sleep(Duration::from_millis(100)).await;
                         written = socket.write_all(&piece).await;
+                    }
+                    if close {
+                        return;
                     }
                     written
                 }
@@ -250,8 +272,9 @@ enum Answer {
     Keep(Vec<u8>),
     /// Written whole; then the connection closed.
     Close(Vec<u8>),
-    /// A head, then pieces 100 ms apart.
-    Paced(Vec<u8>, Vec<Vec<u8>>),
+    /// A head, then pieces 100 ms apart; then the connection closed if
+    /// the flag says so.
+    Paced(Vec<u8>, Vec<Vec<u8>>, bool),
 }
 
 /// A paced answer's size: 16 pieces of 4 KiB.
@@ -289,8 +312,13 @@ fn answer(path: &str, seen: &Seen, n: usize, body: &[u8]) -> Answer {
         "/paced" => {
             let head =
                 format!("HTTP/1.1 201 Created\r\ncontent-length: {PACED}\r\n\r\n").into_bytes();
-            Answer::Paced(head, vec![vec![b'p'; 4096]; PACED / 4096])
+            Answer::Paced(head, vec![vec![b'p'; 4096]; PACED / 4096], false)
         }
+        "/close-paced" => Answer::Paced(
+            b"HTTP/1.1 201 Created\r\n\r\n".to_vec(),
+            vec![vec![b'p'; 4096]; PACED / 4096],
+            true,
+        ),
         "/switching" => Answer::Keep(
             b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: h2c\r\n\r\n"
                 .to_vec(),
@@ -338,7 +366,13 @@ async fn post(
 /// connection before it could), another caller's keyed request, and its
 /// retry. The other caller gets (and keeps) its own answer, from another
 /// connection than any smuggled request's.
-async fn smuggle_then_pay(path: &str, smuggle: Vec<u8>, early_status: u16, tag: &str) {
+async fn smuggle_then_pay(
+    path: &str,
+    smuggle: Vec<u8>,
+    early_status: u16,
+    tag: &str,
+    reason: &str,
+) {
     let mut up = raw_upstream().await;
     let g = gateway(
         &up.url,
@@ -383,6 +417,9 @@ async fn smuggle_then_pay(path: &str, smuggle: Vec<u8>, early_status: u16, tag: 
         paid[0].connection, first[0].connection,
         "the victim's request went on the desynchronised connection"
     );
+    let metrics = support::metrics_text(&g).await;
+    let line = format!("idem_upstream_connections_closed_total{{reason=\"{reason}\"}} 1");
+    assert!(metrics.contains(&line), "{line} in {metrics}");
 }
 
 /// A keyed request whose body is itself a request, to an upstream that
@@ -393,7 +430,7 @@ async fn smuggle_then_pay(path: &str, smuggle: Vec<u8>, early_status: u16, tag: 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_early_answer_never_hands_the_next_caller_a_smuggled_answer() {
     let smuggle = b"POST /smuggled HTTP/1.1\r\nhost: up\r\ncontent-length: 0\r\n\r\n".to_vec();
-    smuggle_then_pay("/early", smuggle, 401, "small").await;
+    smuggle_then_pay("/early", smuggle, 401, "small", "refused_with_body").await;
 }
 
 /// The same with a success that comes before the body was written: a
@@ -406,7 +443,7 @@ async fn an_answer_before_the_body_was_written_closes_the_connection() {
     let mut smuggle = b"POST /smuggled HTTP/1.1\r\nhost: up\r\nx-pad: ".to_vec();
     smuggle.extend(std::iter::repeat_n(b'a', 32 << 20));
     smuggle.extend_from_slice(b"\r\ncontent-length: 0\r\n\r\n");
-    smuggle_then_pay("/early-ok", smuggle, 200, "big").await;
+    smuggle_then_pay("/early-ok", smuggle, 200, "big", "early_answer").await;
 }
 
 /// An upstream that answers twice, or sends bytes after a complete
@@ -679,6 +716,108 @@ async fn an_answer_too_large_to_store_is_streamed_whole_past_the_upstream_timeou
         .unwrap();
     assert!(again.text().await.unwrap().contains("response-not-stored"));
     assert_eq!(up.to("/paced").len(), 1);
+}
+
+/// A keyed answer that ends with its connection, paced over longer than
+/// `--upstream-timeout`: it is never stored, so the layer streams it from
+/// its first byte, and the client gets all of it. Was BROKEN (found by
+/// the review of the change): cut at the upstream timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_that_ends_with_its_connection_is_streamed_past_the_upstream_timeout() {
+    let up = raw_upstream().await;
+    let g = gateway(
+        &up.url,
+        "memory:",
+        &["--upstream-timeout", "500ms", "--store-timeout", "200ms"],
+    )
+    .await;
+    let client = reqwest::Client::new();
+    let r = client
+        .post(format!("{}/close-paced", g.base))
+        .header("idempotency-key", key("close-paced"))
+        .header("authorization", "Bearer p")
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 201);
+    let body = r.bytes().await.expect("the whole answer");
+    assert_eq!(body.len(), PACED);
+}
+
+/// An answer that announces a body it does not carry (a HEAD's, a 204
+/// with a length), whose body bytes come once the next request is on the
+/// connection: the next request gets its own answer, on another
+/// connection. Was BROKEN (found by the review of the change): the late
+/// bytes were the next caller's answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_body_bytes_never_answer_the_next_request() {
+    let up = raw_upstream().await;
+    let g = gateway(&up.url, "memory:", &["--threads", "1"]).await;
+    let client = reqwest::Client::new();
+    for (method, path) in [("HEAD", "/head-late"), ("GET", "/no-content-late")] {
+        let r = client
+            .request(
+                reqwest::Method::from_bytes(method.as_bytes()).unwrap(),
+                format!("{}{path}", g.base),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{path}");
+        let next = key(&format!("late{}", &path[1..5]));
+        let (status, body) = post(
+            &client,
+            format!("{}/after{}", g.base, &path[1..5]),
+            &next,
+            "Bearer l",
+            b"x".to_vec(),
+        )
+        .await;
+        assert_eq!(status, 201, "after {path}: {body}");
+        assert!(body.contains(&next), "after {path}: {body}");
+    }
+}
+
+/// A case variant of a method a route rule names (`purge` where the rule
+/// names `PURGE`) is refused like one of a standard method: no rule
+/// applies to it, and an upstream that reads methods without regard to
+/// case would run it unkeyed. Was BROKEN (found by the review of the
+/// change): forwarded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_case_variant_of_a_rule_method_is_refused() {
+    let up = raw_upstream().await;
+    let (_dir, cfg) = support::config(
+        r#"
+[[route]]
+method = "PURGE"
+path = "/cache/{id}"
+"#,
+    );
+    let g = gateway(&up.url, "memory:", &["--config", &cfg]).await;
+    let client = reqwest::Client::new();
+    let r = client
+        .request(
+            reqwest::Method::from_bytes(b"purge").unwrap(),
+            format!("{}/cache/1", g.base),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    assert!(r.text().await.unwrap().contains("invalid-method"));
+    // The rule's own method needs its key, as configured.
+    let r = client
+        .request(
+            reqwest::Method::from_bytes(b"PURGE").unwrap(),
+            format!("{}/cache/1", g.base),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    assert!(r.text().await.unwrap().contains("missing-key"));
+    assert!(up.to("/cache").is_empty());
 }
 
 /// A 101 to a request that asked for no upgrade, and codes outside

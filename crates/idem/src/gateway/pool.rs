@@ -19,15 +19,17 @@
 //!   thread that goes quiet does not hold it open either.
 //!
 //! And one thing it did not: a connection is used again only when its
-//! last exchange is known to have been in step ([`in_step`]). An upstream
+//! last exchange is known to have been in step ([`out_of_step`]). An upstream
 //! that answers before it has read a request's body (a 401 before
 //! authentication, a 413, a validation error) and keeps the connection
 //! may read that body as a request of its own, and its answer would then
 //! be taken for the next caller's. So a connection whose answer came
 //! before the request's body was handed over, whose answer to a request
-//! with a body was not a success, or whose status is not a final one
-//! (a 101 nobody asked for, a code outside 100-599) is closed once its
-//! answer is read. Bytes that arrive unasked on an idle connection (a
+//! with a body was not a success, whose status is not a final one (a 101
+//! nobody asked for, a code outside 100-599), or whose answer carries no
+//! body where the upstream might send one anyway (a HEAD's, a 204 or 304
+//! that announces one) is closed once its answer is read
+//! ([`out_of_step`]). Bytes that arrive unasked on an idle connection (a
 //! second answer, or more than the answer's length) make hyper close it.
 //!
 //! Not a general client: one origin, HTTP/1 only, no proxies, and the
@@ -56,6 +58,10 @@ use tower::ServiceExt as _;
 /// A thread with more requests in flight than this opens connections for
 /// them as before, and closes the extra ones as they come back.
 const MAX_IDLE: usize = 1024;
+
+/// Connections closed because their exchange was not in step, by reason
+/// ([`out_of_step`]).
+pub(crate) const CLOSED: &str = "idem_upstream_connections_closed_total";
 
 /// Why a request got no answer.
 #[derive(Debug)]
@@ -166,6 +172,7 @@ impl Pool {
         request: Request<Body>,
         deadline: Instant,
     ) -> Result<Response<Body>, SendError> {
+        let head = request.method() == http::Method::HEAD;
         // A request with a body tells when its end was handed over; one
         // without has nothing an answer could come before.
         let (mut request, body_end) = if request.body().is_end_stream() {
@@ -185,11 +192,15 @@ impl Pool {
             };
             match conn.sender.try_send_request(request).await {
                 Ok(response) => {
-                    let in_step = in_step(
-                        response.status(),
-                        body_end.as_ref().map(|h| h.load(Ordering::Acquire)),
-                    );
-                    return Ok(self.returning(conn, response, in_step));
+                    let sent = Sent {
+                        body_handed: body_end.as_ref().map(|h| h.load(Ordering::Acquire)),
+                        head,
+                    };
+                    let out_of_step = out_of_step(response.status(), response.headers(), sent);
+                    if let Some(reason) = out_of_step {
+                        metrics::counter!(CLOSED, "reason" => reason).increment(1);
+                    }
+                    return Ok(self.returning(conn, response, out_of_step.is_none()));
                 }
                 Err(mut e) => match e.take_message() {
                     // An idle connection the upstream closed: try another.
@@ -348,30 +359,56 @@ fn plain_only() -> rustls::ClientConfig {
         .unwrap_or_else(|_| unreachable!("ring supports the default protocol versions"))
 }
 
-/// Whether an exchange whose answer has `status` was in step, so that its
-/// connection may serve again once the answer is read: `body_handed` is
-/// whether the request's body had been handed over whole when the answer
-/// came (`None`: the request had no body).
+/// What the pool knows of a request when its answer's head comes.
+#[derive(Clone, Copy)]
+struct Sent {
+    /// `None`: no body; else whether its end had been handed to hyper.
+    body_handed: Option<bool>,
+    /// A HEAD: its answer announces a body it does not carry.
+    head: bool,
+}
+
+/// Why an exchange was not in step, if it was not: its connection may
+/// serve again once the answer is read only if this is `None`. Each
+/// reason is a label of `idem_upstream_connections_closed_total`.
 ///
 /// Not in step, and closed:
-/// - an answer that came before the request's body was handed over: the
-///   upstream answered without reading it, and may read it yet, as a
-///   request of its own;
-/// - any answer but a success to a request with a body: a refusal or a
-///   redirect is what a service sends without reading the body (RFC 9112
-///   section 9.6 lets it close; many keep the connection and then read
-///   the body as the next request). Nothing on the wire tells the two
-///   apart, and a new connection is cheap beside an answer handed to the
-///   wrong caller;
-/// - a status that is not a final one: a 101 to a request that asked for
-///   no upgrade (the gateway forwards no `Upgrade`), or a code outside
-///   100-599 (RFC 9110 section 15).
-fn in_step(status: StatusCode, body_handed: Option<bool>) -> bool {
-    let final_status = (200..=599).contains(&status.as_u16());
-    match body_handed {
-        None => final_status,
-        Some(handed) => handed && status.is_success(),
+/// - `not_final`: a status that is not a final one: a 101 to a request
+///   that asked for no upgrade (the gateway forwards no `Upgrade`), or a
+///   code outside 100-599 (RFC 9110 section 15);
+/// - `early_answer`: an answer that came before the request's body was
+///   handed over: the upstream answered without reading it, and may read
+///   it yet, as a request of its own;
+/// - `refused_with_body`: any answer but a success to a request with a
+///   body: a refusal or a redirect is what a service sends without
+///   reading the body (RFC 9112 section 9.6 lets it close; many keep the
+///   connection and then read the body as the next request). Nothing on
+///   the wire tells the two apart, and a new connection is cheap beside an
+///   answer handed to the wrong caller;
+/// - `bodiless_answer`: an answer to a HEAD, or a 204 or 304 that
+///   announces a body (a coding, or a length other than 0): hyper reads
+///   no body there, and body bytes the upstream sends anyway, after the
+///   next request was written, would be read as that request's answer.
+fn out_of_step(status: StatusCode, headers: &http::HeaderMap, sent: Sent) -> Option<&'static str> {
+    if !(200..=599).contains(&status.as_u16()) {
+        return Some("not_final");
     }
+    match sent.body_handed {
+        Some(false) => return Some("early_answer"),
+        Some(true) if !status.is_success() => return Some("refused_with_body"),
+        _ => {}
+    }
+    let announces_body = || {
+        headers.contains_key(http::header::TRANSFER_ENCODING)
+            || headers
+                .get(http::header::CONTENT_LENGTH)
+                .is_some_and(|v| v.as_bytes().trim_ascii() != b"0")
+    };
+    let bodiless = matches!(status.as_u16(), 204 | 304);
+    if sent.head || (bodiless && announces_body()) {
+        return Some("bodiless_answer");
+    }
+    None
 }
 
 /// The most of a request body handed to hyper at a time. hyper takes a
@@ -490,7 +527,7 @@ struct Returning {
     /// longer than the idle timeout costs its connection.
     head_at: Instant,
     /// Whether the exchange was in step: if not, the connection is
-    /// closed when the body is dropped ([`in_step`]).
+    /// closed when the body is dropped ([`out_of_step`]).
     in_step: bool,
 }
 
@@ -525,6 +562,75 @@ impl http_body::Body for Returning {
         self.body
             .as_ref()
             .map_or_else(|| http_body::SizeHint::with_exact(0), Incoming::size_hint)
+    }
+}
+
+#[cfg(test)]
+mod rule_tests {
+    use http::{HeaderMap, HeaderValue, StatusCode, header};
+
+    use super::{Sent, out_of_step};
+
+    fn status(code: u16) -> StatusCode {
+        StatusCode::from_u16(code).unwrap()
+    }
+
+    /// Every rule, and what stays in step: a bodiless request's final
+    /// answer, and a success to a body handed over whole.
+    #[test]
+    fn exchanges_out_of_step_are_named() {
+        let none = HeaderMap::new();
+        let mut length = HeaderMap::new();
+        length.insert(header::CONTENT_LENGTH, HeaderValue::from_static("40"));
+        let mut zero = HeaderMap::new();
+        zero.insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
+        let mut coded = HeaderMap::new();
+        coded.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        let get = Sent {
+            body_handed: None,
+            head: false,
+        };
+        let handed = Sent {
+            body_handed: Some(true),
+            ..get
+        };
+        let early = Sent {
+            body_handed: Some(false),
+            ..get
+        };
+        let head = Sent { head: true, ..get };
+        let cases = [
+            (200, &none, get, None),
+            (404, &length, get, None),
+            (500, &length, get, None),
+            (201, &length, handed, None),
+            (204, &none, handed, None),
+            (204, &zero, get, None),
+            (304, &none, get, None),
+            (101, &none, get, Some("not_final")),
+            (600, &length, get, Some("not_final")),
+            (999, &length, handed, Some("not_final")),
+            (200, &length, early, Some("early_answer")),
+            (401, &length, early, Some("early_answer")),
+            (401, &length, handed, Some("refused_with_body")),
+            (302, &none, handed, Some("refused_with_body")),
+            (503, &length, handed, Some("refused_with_body")),
+            (200, &length, head, Some("bodiless_answer")),
+            (204, &length, get, Some("bodiless_answer")),
+            (304, &coded, get, Some("bodiless_answer")),
+        ];
+        for (code, headers, sent, expected) in cases {
+            assert_eq!(
+                out_of_step(status(code), headers, sent),
+                expected,
+                "{code} {headers:?} body {:?} head {}",
+                sent.body_handed,
+                sent.head
+            );
+        }
     }
 }
 

@@ -325,11 +325,13 @@ struct Deadline {
 }
 
 impl Deadline {
-    fn new(inner: Body, deadline: Instant, limit: usize, idle: Duration) -> Deadline {
+    /// `limit`: the replay limit, or `None` for a body the layer streams
+    /// from its first byte (one it will not store).
+    fn new(inner: Body, deadline: Instant, limit: Option<usize>, idle: Duration) -> Deadline {
         Deadline {
             inner,
             sleep: Box::pin(tokio::time::sleep_until(deadline)),
-            left_until_past_limit: limit.saturating_add(1),
+            left_until_past_limit: limit.map_or(0, |l| l.saturating_add(1)),
             idle,
             waiting: false,
         }
@@ -546,12 +548,8 @@ impl Forwarder {
                     // The layer reads a keyed answer whole (up to the
                     // replay limit) before storing it: a stalled body
                     // must not outlive the lease.
-                    boxed(Deadline::new(
-                        body,
-                        deadline,
-                        self.replay_limit,
-                        self.body_idle_timeout,
-                    ))
+                    let limit = (!unverified_end).then_some(self.replay_limit);
+                    boxed(Deadline::new(body, deadline, limit, self.body_idle_timeout))
                 } else {
                     body
                 };
@@ -603,7 +601,9 @@ fn ends_at_close(headers: &HeaderMap) -> bool {
 }
 
 /// The answer for an upstream status that is not a final one: nothing of
-/// it is passed on, and the layer releases the key (as for a 5xx).
+/// it is passed on, and the layer settles the key as for any 502 (by
+/// default released, as for a 5xx: RFC 9110 section 15 reads an unknown
+/// class as a server error).
 fn invalid_status(status: StatusCode) -> Response<Body> {
     tracing::warn!(
         status = status.as_u16(),
@@ -614,7 +614,7 @@ fn invalid_status(status: StatusCode) -> Response<Body> {
         "upstream-failed",
         "Upstream failed",
         &format!(
-            "The service behind the gateway answered with status {}, which is not a final HTTP status; the answer was not passed on and the key was released. Retry with the same key.",
+            "The service behind the gateway answered with status {}, which is not a final HTTP status; the answer was not passed on. Retry with the same key.",
             status.as_u16()
         ),
     )

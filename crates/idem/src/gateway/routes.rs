@@ -13,6 +13,7 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures_util::future::{Either, Ready, ready};
@@ -32,11 +33,22 @@ const READ_PATH: &str = "/_idem/records/";
 pub(crate) struct Front {
     proxied: Idempotency<Proxy>,
     read_path: ReadPath,
+    /// The methods the route rules name besides the standard ones
+    /// (`PURGE`): a case variant of one is refused as of a standard one.
+    rule_methods: Arc<[Method]>,
 }
 
 impl Front {
-    pub(crate) fn new(proxied: Idempotency<Proxy>, read_path: ReadPath) -> Front {
-        Front { proxied, read_path }
+    pub(crate) fn new(
+        proxied: Idempotency<Proxy>,
+        read_path: ReadPath,
+        rule_methods: Arc<[Method]>,
+    ) -> Front {
+        Front {
+            proxied,
+            read_path,
+            rule_methods,
+        }
     }
 
     /// The front service of a connection from `peer`.
@@ -118,7 +130,9 @@ where
                 )
             }),
         };
-        if let Some(refused) = refused.or_else(|| unreadable_request(req.method(), req.headers())) {
+        let rule_methods = &self.front.rule_methods;
+        let unreadable = || unreadable_request(req.method(), req.headers(), rule_methods);
+        if let Some(refused) = refused.or_else(unreadable) {
             return Either::Left(ready(Ok(refused)));
         }
         req.extensions_mut().insert(self.peer.clone());
@@ -148,21 +162,26 @@ const STANDARD_METHODS: [Method; 9] = [
 
 /// The answer for a request the upstream could read otherwise than the
 /// layer does, if it is one:
-/// - a method that differs from a standard one only in case (`post`):
-///   methods are case-sensitive, so the layer names its records apart
-///   from `POST`'s and applies no rule of `POST`'s to it, while an
-///   upstream that reads methods without regard to case would execute it
-///   as a `POST` (400);
+/// - a method that differs only in case from a standard one (`post`) or
+///   from one a route rule names (`purge` for `PURGE`): methods are
+///   case-sensitive, so the layer names its records apart and applies no
+///   rule of the other's to it, while an upstream that reads methods
+///   without regard to case would execute it as the other (400);
 /// - a transfer coding other than a lone `chunked` (`gzip, chunked`):
 ///   hyper decodes the chunks alone, and the upstream would get coded
 ///   bytes with no header naming the coding (501, RFC 9112 section 6.1);
 /// - an expectation other than `100-continue`, which the gateway cannot
 ///   meet (417, RFC 9110 section 10.1.1). `100-continue` itself is met by
 ///   the gateway, which then sends the body on at once without it.
-fn unreadable_request(method: &Method, headers: &HeaderMap) -> Option<Response<Body>> {
+fn unreadable_request(
+    method: &Method,
+    headers: &HeaderMap,
+    rule_methods: &[Method],
+) -> Option<Response<Body>> {
     let sent = method.as_str();
     if let Some(standard) = STANDARD_METHODS
         .iter()
+        .chain(rule_methods)
         .find(|m| m.as_str() != sent && m.as_str().eq_ignore_ascii_case(sent))
     {
         return Some(problem(
@@ -322,14 +341,17 @@ mod tests {
     #[test]
     fn requests_an_upstream_could_read_otherwise_are_refused() {
         let method = |m: &str| Method::from_bytes(m.as_bytes()).unwrap();
+        let rules = [method("PURGE")];
         let status = |m: &str, h: &[(&str, &str)]| {
-            unreadable_request(&method(m), &headers(h)).map(|r| r.status().as_u16())
+            unreadable_request(&method(m), &headers(h), &rules).map(|r| r.status().as_u16())
         };
-        for m in ["post", "Post", "pOST", "get", "patch", "Delete", "connect"] {
+        for m in [
+            "post", "Post", "pOST", "get", "patch", "Delete", "connect", "purge", "Purge",
+        ] {
             assert_eq!(status(m, &[]), Some(400), "{m}");
         }
         for m in [
-            "POST", "GET", "PATCH", "PURGE", "purge", "REPORT", "posting",
+            "POST", "GET", "PATCH", "PURGE", "report", "REPORT", "posting",
         ] {
             assert_eq!(status(m, &[]), None, "{m}");
         }
