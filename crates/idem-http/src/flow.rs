@@ -603,8 +603,12 @@ enum ResponseBody {
 }
 
 async fn read_response(mut body: Body, limit: usize) -> ResponseBody {
-    let mut chunks: Vec<Bytes> = Vec::new();
-    let mut total = 0usize;
+    // The first frame is kept as it came (most answers are one); from the
+    // second on, frames are copied into one buffer: each `Bytes` of a
+    // chunked answer holds a slice of the client's read buffer, so keeping
+    // thousands of one-byte frames would cost tens of times the limit.
+    let mut first: Option<Bytes> = None;
+    let mut joined = bytes::BytesMut::new();
     while let Some(frame) = body.frame().await {
         let Ok(frame) = frame else {
             return ResponseBody::Failed;
@@ -612,14 +616,22 @@ async fn read_response(mut body: Body, limit: usize) -> ResponseBody {
         let Ok(data) = frame.into_data() else {
             continue; // trailers are not stored
         };
-        total += data.len();
-        chunks.push(data);
+        match first.take() {
+            None if joined.is_empty() => first = Some(data),
+            held => {
+                if let Some(held) = held {
+                    joined.reserve(held.len() + data.len());
+                    joined.extend_from_slice(&held);
+                }
+                joined.extend_from_slice(&data);
+            }
+        }
+        let total = first.as_ref().map_or(joined.len(), Bytes::len);
         if total > limit {
-            let read = futures_util::stream::iter(
-                chunks
-                    .into_iter()
-                    .map(|c| Ok::<_, BoxError>(http_body::Frame::data(c))),
-            );
+            let read = first.unwrap_or_else(|| joined.freeze());
+            let read = futures_util::stream::once(async move {
+                Ok::<_, BoxError>(http_body::Frame::data(read))
+            });
             let rest = BodyStream::new(body);
             return ResponseBody::NotStorable(
                 StreamBody::new(read.chain(rest)).boxed_unsync(),
@@ -627,11 +639,7 @@ async fn read_response(mut body: Body, limit: usize) -> ResponseBody {
             );
         }
     }
-    ResponseBody::Whole(match chunks.len() {
-        0 => Bytes::new(),
-        1 => chunks.swap_remove(0),
-        _ => chunks.concat().into(),
-    })
+    ResponseBody::Whole(first.unwrap_or_else(|| joined.freeze()))
 }
 
 /// Why an executed answer's body was not stored.
@@ -766,5 +774,87 @@ async fn release(shared: &Shared, id: &RecordId, lease: Lease) {
                 tracing::error!(key = %id.key.log_id(), error = %e, "release failed; the claim ends with its lease");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::pin::Pin;
+    use std::sync::{Arc, Mutex};
+    use std::task::{Context, Poll};
+
+    use bytes::Bytes;
+    use http_body::Frame;
+
+    use super::{ResponseBody, read_response};
+    use crate::body::{BoxError, boxed};
+
+    /// One-byte frames, each a slice of a 4 KiB buffer of its own (as a
+    /// chunked answer's frames are slices of the client's read buffer).
+    /// When asked for a frame, it records whether the buffers behind the
+    /// frames it gave before the last two are still held by anyone but
+    /// itself.
+    struct Slices {
+        parents: Vec<Bytes>,
+        next: usize,
+        held: Arc<Mutex<VecDeque<usize>>>,
+    }
+
+    impl http_body::Body for Slices {
+        type Data = Bytes;
+        type Error = BoxError;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+            let n = self.next;
+            let this = &mut *self;
+            for (i, parent) in this
+                .parents
+                .iter_mut()
+                .enumerate()
+                .take(n.saturating_sub(2))
+            {
+                if !parent.is_unique() {
+                    this.held.lock().unwrap().push_back(i);
+                }
+            }
+            let Some(parent) = self.parents.get(n) else {
+                return Poll::Ready(None);
+            };
+            let frame = parent.slice(0..1);
+            self.next += 1;
+            Poll::Ready(Some(Ok(Frame::data(frame))))
+        }
+    }
+
+    /// A keyed answer in many tiny frames costs its bytes, not a frame
+    /// handle and a read buffer each: every frame but the newest is copied
+    /// and let go while the answer is read. Was BROKEN (found by a review):
+    /// each frame was kept, with the buffer behind it, until the end.
+    #[tokio::test]
+    async fn tiny_frames_do_not_hold_their_buffers() {
+        let frames = 200;
+        let held = Arc::new(Mutex::new(VecDeque::new()));
+        let body = Slices {
+            parents: (0..frames)
+                .map(|i| Bytes::from(vec![b'a' + (i % 26) as u8; 4096]))
+                .collect(),
+            next: 0,
+            held: held.clone(),
+        };
+        let ResponseBody::Whole(read) = read_response(boxed(body), 1 << 20).await else {
+            panic!("the answer is under the limit");
+        };
+        let expected: Vec<u8> = (0..frames).map(|i| b'a' + (i % 26) as u8).collect();
+        assert_eq!(&read[..], &expected[..]);
+        let held = held.lock().unwrap();
+        assert!(
+            held.is_empty(),
+            "buffers still held: {:?}",
+            held.iter().take(5).collect::<Vec<_>>()
+        );
     }
 }

@@ -243,6 +243,18 @@ async fn serve(
                     let _ = socket.write_all(&bytes).await;
                     return;
                 }
+                Answer::Paced(head, pieces, _) if pieces.is_empty() => {
+                    // Silent until the connection ends.
+                    if socket.write_all(&head).await.is_err() {
+                        return;
+                    }
+                    while let Ok(n) = socket.read(&mut chunk).await {
+                        if n == 0 {
+                            break;
+                        }
+                    }
+                    return;
+                }
                 Answer::Paced(head, pieces, close) => {
                     let mut written = socket.write_all(&head).await;
                     for piece in pieces {
@@ -309,6 +321,19 @@ fn answer(path: &str, seen: &Seen, n: usize, body: &[u8]) -> Answer {
             Answer::Close(out)
         }
         "/close-delimited" => Answer::Close(b"HTTP/1.1 201 Created\r\n\r\nhalf an ans".to_vec()),
+        "/coded-answer" => {
+            let mut out =
+                b"HTTP/1.1 201 Created\r\ntransfer-encoding: gzip, chunked\r\n\r\n".to_vec();
+            out.extend_from_slice(&chunked(&support::GZIP_HELLO));
+            Answer::Keep(out)
+        }
+        // A head, five of its hundred bytes, then silence for as long as
+        // the connection lasts (a pace of one piece a day).
+        "/stalled" => Answer::Paced(
+            b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nfirst".to_vec(),
+            Vec::new(),
+            false,
+        ),
         "/paced" => {
             let head =
                 format!("HTTP/1.1 201 Created\r\ncontent-length: {PACED}\r\n\r\n").into_bytes();
@@ -818,6 +843,64 @@ path = "/cache/{id}"
     assert_eq!(r.status().as_u16(), 400);
     assert!(r.text().await.unwrap().contains("missing-key"));
     assert!(up.to("/cache").is_empty());
+}
+
+/// A passthrough answer whose body stalls: the client's read ends after
+/// `--body-timeout` of silence, not never. Was BROKEN (found by the
+/// second attack on this side): only keyed answers had a clock, so a
+/// stalled upstream held the client's connection slot as long as the
+/// client waited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_passthrough_answer_ends_at_the_body_timeout() {
+    let up = raw_upstream().await;
+    let g = gateway(&up.url, "memory:", &["--body-timeout", "300ms"]).await;
+    let r = reqwest::get(format!("{}/stalled", g.base)).await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let read = tokio::time::timeout(Duration::from_secs(20), r.bytes()).await;
+    let Ok(read) = read else {
+        panic!("the body was still open after 20 s");
+    };
+    assert!(read.is_err(), "a stalled body read as complete: {read:?}");
+}
+
+/// An answer with a transfer coding besides `chunked` (`gzip, chunked`):
+/// hyper removes the chunks alone, and no header the client reads would
+/// name the gzip. It is not passed on (502), never stored; a keyed
+/// request's key stays held (the upstream did answer). Was BROKEN (found
+/// by the second attack on this side): the gzip bytes went to the client
+/// unnamed, and were stored and replayed as the answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_with_another_transfer_coding_is_not_passed_on() {
+    let up = raw_upstream().await;
+    let g = gateway(&up.url, "memory:", &[]).await;
+    let client = reqwest::Client::new();
+    let k = key("coded-answer");
+    let (status, body) = post(
+        &client,
+        format!("{}/coded-answer", g.base),
+        &k,
+        "Bearer c",
+        b"x".to_vec(),
+    )
+    .await;
+    assert_eq!(status, 502, "{body}");
+    assert!(body.contains("upstream-failed"), "{body}");
+    let (status, body) = post(
+        &client,
+        format!("{}/coded-answer", g.base),
+        &k,
+        "Bearer c",
+        b"x".to_vec(),
+    )
+    .await;
+    assert_eq!(status, 409, "the key was not held: {body}");
+    assert_eq!(up.to("/coded-answer").len(), 1);
+    let plain = client
+        .get(format!("{}/coded-answer", g.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(plain.status().as_u16(), 502);
 }
 
 /// A 101 to a request that asked for no upgrade, and codes outside

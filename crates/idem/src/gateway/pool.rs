@@ -401,8 +401,9 @@ fn out_of_step(status: StatusCode, headers: &http::HeaderMap, sent: Sent) -> Opt
     let announces_body = || {
         headers.contains_key(http::header::TRANSFER_ENCODING)
             || headers
-                .get(http::header::CONTENT_LENGTH)
-                .is_some_and(|v| v.as_bytes().trim_ascii() != b"0")
+                .get_all(http::header::CONTENT_LENGTH)
+                .iter()
+                .any(|v| v.as_bytes().trim_ascii() != b"0")
     };
     let bodiless = matches!(status.as_u16(), 204 | 304);
     if sent.head || (bodiless && announces_body()) {
@@ -589,6 +590,10 @@ mod rule_tests {
             header::TRANSFER_ENCODING,
             HeaderValue::from_static("chunked"),
         );
+        // hyper reads no length for a 204 or 304, so repeated ones need
+        // not agree: any of them other than 0 announces a body.
+        let mut zero_then_five = zero.clone();
+        zero_then_five.append(header::CONTENT_LENGTH, HeaderValue::from_static("5"));
         let get = Sent {
             body_handed: None,
             head: false,
@@ -621,6 +626,7 @@ mod rule_tests {
             (200, &length, head, Some("bodiless_answer")),
             (204, &length, get, Some("bodiless_answer")),
             (304, &coded, get, Some("bodiless_answer")),
+            (204, &zero_then_five, get, Some("bodiless_answer")),
         ];
         for (code, headers, sent, expected) in cases {
             assert_eq!(

@@ -308,30 +308,47 @@ fn set_forwarding(
     }
 }
 
-/// A keyed answer's body: the part the layer reads whole (up to the
-/// replay limit) must arrive by the request's deadline; once past the
-/// limit the layer streams the rest to the client, and it may take as long
-/// as it needs, so long as the upstream is never silent for the idle
-/// timeout (counted from when a read finds nothing to take, so a client
-/// that reads slowly costs the upstream nothing).
+/// An answer's body under the gateway's clocks. A keyed answer's first
+/// part, the one the layer reads whole (up to the replay limit), must
+/// arrive by the request's deadline; after it, and for every answer the
+/// layer does not read whole (passthrough, never stored), the body may
+/// take as long as it needs, so long as the upstream is never silent for
+/// the idle timeout (counted from when a read finds nothing to take, so a
+/// client that reads slowly costs the upstream nothing). No timer exists
+/// until a read has to wait.
 struct Deadline {
     inner: Body,
-    sleep: Pin<Box<Sleep>>,
-    /// Data bytes still to come before the limit is passed.
+    /// The whole-answer deadline of the first part.
+    deadline: Instant,
+    sleep: Option<Pin<Box<Sleep>>>,
+    /// Data bytes still to come before the first part is over.
     left_until_past_limit: usize,
     idle: Duration,
-    /// Streaming, and the idle timer runs for the present wait.
+    /// Past the first part, and the idle timer runs for the present wait.
     waiting: bool,
 }
 
 impl Deadline {
-    /// `limit`: the replay limit, or `None` for a body the layer streams
-    /// from its first byte (one it will not store).
-    fn new(inner: Body, deadline: Instant, limit: Option<usize>, idle: Duration) -> Deadline {
+    /// A keyed answer's body: its first `limit` bytes (and one more) by
+    /// `deadline`, the rest under the idle timeout.
+    fn whole_until(inner: Body, deadline: Instant, limit: usize, idle: Duration) -> Deadline {
         Deadline {
             inner,
-            sleep: Box::pin(tokio::time::sleep_until(deadline)),
-            left_until_past_limit: limit.map_or(0, |l| l.saturating_add(1)),
+            deadline,
+            sleep: None,
+            left_until_past_limit: limit.saturating_add(1),
+            idle,
+            waiting: false,
+        }
+    }
+
+    /// A body under the idle timeout alone.
+    fn idle(inner: Body, idle: Duration) -> Deadline {
+        Deadline {
+            inner,
+            deadline: Instant::now(),
+            sleep: None,
+            left_until_past_limit: 0,
             idle,
             waiting: false,
         }
@@ -339,6 +356,33 @@ impl Deadline {
 
     fn streaming(&self) -> bool {
         self.left_until_past_limit == 0
+    }
+
+    /// The timer for a read that found nothing: the first part's deadline,
+    /// or the idle timeout from the start of this wait.
+    fn arm(&mut self) -> Pin<&mut Sleep> {
+        let until = if self.streaming() {
+            if self.waiting {
+                None
+            } else {
+                self.waiting = true;
+                Some(Instant::now() + self.idle)
+            }
+        } else {
+            Some(self.deadline).filter(|_| self.sleep.is_none())
+        };
+        match (&mut self.sleep, until) {
+            (Some(sleep), Some(until)) => sleep.as_mut().reset(until),
+            (None, until) => {
+                let until = until.unwrap_or(self.deadline);
+                self.sleep = Some(Box::pin(tokio::time::sleep_until(until)));
+            }
+            (Some(_), None) => {}
+        }
+        match &mut self.sleep {
+            Some(sleep) => sleep.as_mut(),
+            None => unreachable!("armed just above"),
+        }
     }
 }
 
@@ -357,20 +401,13 @@ impl http_body::Body for Deadline {
             self.waiting = false;
             return polled;
         }
-        if polled.is_pending() {
-            if self.streaming() && !self.waiting {
-                let until = Instant::now() + self.idle;
-                self.sleep.as_mut().reset(until);
-                self.waiting = true;
-            }
-            if self.sleep.as_mut().poll(cx).is_ready() {
-                let why = if self.streaming() {
-                    "upstream response body was silent for the body timeout"
-                } else {
-                    "upstream response body passed its deadline"
-                };
-                return Poll::Ready(Some(Err(why.into())));
-            }
+        if polled.is_pending() && self.arm().poll(cx).is_ready() {
+            let why = if self.streaming() {
+                "upstream response body was silent for the body timeout"
+            } else {
+                "upstream response body passed its deadline"
+            };
+            return Poll::Ready(Some(Err(why.into())));
         }
         polled
     }
@@ -528,6 +565,14 @@ impl Forwarder {
                     // The pool closes its connection (a 101 ended it).
                     return invalid_status(parts.status);
                 }
+                if let Some(coding) = unknown_coding(&parts.headers) {
+                    // The body arrives coded, and nothing the client can
+                    // read names the coding; the upstream did answer, so
+                    // a keyed request's outcome is not known to its
+                    // client: the key stays held.
+                    let refused = unreadable_coding(&coding);
+                    return if keyed { unknown(refused) } else { refused };
+                }
                 let unverified_end = ends_at_close(&parts.headers)
                     && !head
                     && !matches!(parts.status.as_u16(), 204 | 304);
@@ -538,22 +583,20 @@ impl Forwarder {
                     parts.headers.remove(header::CONTENT_LENGTH);
                 }
                 strip_hop_by_hop(&mut parts.headers, &[]);
-                // The pool's answer is boxed already.
-                let body = if keyed {
-                    if unverified_end {
+                let body = if keyed && !unverified_end {
+                    // The layer reads a keyed answer whole (up to the
+                    // replay limit) before storing it: a stalled body
+                    // must not outlive the lease.
+                    Deadline::whole_until(body, deadline, self.replay_limit, self.body_idle_timeout)
+                } else {
+                    if keyed {
                         // Its end cannot be told from a cut: the layer
                         // passes it on and does not store it.
                         parts.extensions.insert(UnverifiedEnd);
                     }
-                    // The layer reads a keyed answer whole (up to the
-                    // replay limit) before storing it: a stalled body
-                    // must not outlive the lease.
-                    let limit = (!unverified_end).then_some(self.replay_limit);
-                    boxed(Deadline::new(body, deadline, limit, self.body_idle_timeout))
-                } else {
-                    body
+                    Deadline::idle(body, self.body_idle_timeout)
                 };
-                Response::from_parts(parts, body)
+                Response::from_parts(parts, boxed(body))
             }
             Ok(Err(SendError::NotSent(e))) => {
                 tracing::warn!(error = %chain(&*e), "upstream unreachable");
@@ -598,6 +641,34 @@ fn ends_at_close(headers: &HeaderMap) -> bool {
         .and_then(|v| v.rsplit(',').next())
         .map(str::trim);
     !last.is_some_and(|c| c.eq_ignore_ascii_case("chunked"))
+}
+
+/// A transfer coding of an answer other than `chunked` (which hyper
+/// decodes) and `identity` (which codes nothing), if it has one.
+fn unknown_coding(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .map(<[u8]>::trim_ascii)
+        .filter(|c| !c.is_empty())
+        .find(|c| !c.eq_ignore_ascii_case(b"chunked") && !c.eq_ignore_ascii_case(b"identity"))
+        .map(|c| String::from_utf8_lossy(c).into_owned())
+}
+
+/// The answer for an upstream answer coded in a way the gateway cannot
+/// pass on.
+fn unreadable_coding(coding: &str) -> Response<Body> {
+    tracing::warn!(
+        coding,
+        "upstream answered with a transfer coding other than chunked"
+    );
+    problem(
+        StatusCode::BAD_GATEWAY,
+        "upstream-failed",
+        "Upstream failed",
+        "The service behind the gateway framed its answer with a transfer coding other than chunked, which the gateway cannot pass on; its answer was not passed on. Retry with the same key (409 until the key's lease ends).",
+    )
 }
 
 /// The answer for an upstream status that is not a final one: nothing of
