@@ -327,10 +327,10 @@ fn answer(path: &str, seen: &Seen, n: usize, body: &[u8]) -> Answer {
             out.extend_from_slice(&chunked(&support::GZIP_HELLO));
             Answer::Keep(out)
         }
-        // A head, five of its hundred bytes, then silence for as long as
-        // the connection lasts (a pace of one piece a day).
+        // A head that frames the answer by the connection's end, five
+        // bytes, then silence for as long as the connection lasts.
         "/stalled" => Answer::Paced(
-            b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nfirst".to_vec(),
+            b"HTTP/1.1 201 Created\r\n\r\nfirst".to_vec(),
             Vec::new(),
             false,
         ),
@@ -845,17 +845,25 @@ path = "/cache/{id}"
     assert!(up.to("/cache").is_empty());
 }
 
-/// A passthrough answer whose body stalls: the client's read ends after
-/// `--body-timeout` of silence, not never. Was BROKEN (found by the
-/// second attack on this side): only keyed answers had a clock, so a
-/// stalled upstream held the client's connection slot as long as the
-/// client waited.
+/// A keyed answer that ends with its connection (never stored, so
+/// streamed from its first byte) and then stalls: the client's read ends
+/// after `--body-timeout` of silence, not at the end of the upstream's
+/// patience. Guards the idle clock that replaced the upstream deadline
+/// for such answers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stalled_passthrough_answer_ends_at_the_body_timeout() {
+async fn a_stalled_answer_that_is_never_stored_ends_at_the_body_timeout() {
     let up = raw_upstream().await;
     let g = gateway(&up.url, "memory:", &["--body-timeout", "300ms"]).await;
-    let r = reqwest::get(format!("{}/stalled", g.base)).await.unwrap();
-    assert_eq!(r.status().as_u16(), 200);
+    let client = reqwest::Client::new();
+    let r = client
+        .post(format!("{}/stalled", g.base))
+        .header("idempotency-key", key("stalled"))
+        .header("authorization", "Bearer s")
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 201);
     let read = tokio::time::timeout(Duration::from_secs(20), r.bytes()).await;
     let Ok(read) = read else {
         panic!("the body was still open after 20 s");

@@ -308,11 +308,11 @@ fn set_forwarding(
     }
 }
 
-/// An answer's body under the gateway's clocks. A keyed answer's first
-/// part, the one the layer reads whole (up to the replay limit), must
-/// arrive by the request's deadline; after it, and for every answer the
-/// layer does not read whole (passthrough, never stored), the body may
-/// take as long as it needs, so long as the upstream is never silent for
+/// A keyed answer's body under the gateway's clocks. Its first part, the
+/// one the layer reads whole (up to the replay limit), must arrive by the
+/// request's deadline; after it, and for an answer the layer never stores
+/// (one that ends with its connection), the body may take as long as it
+/// needs, so long as the upstream is never silent for
 /// the idle timeout (counted from when a read finds nothing to take, so a
 /// client that reads slowly costs the upstream nothing). No timer exists
 /// until a read has to wait.
@@ -583,20 +583,28 @@ impl Forwarder {
                     parts.headers.remove(header::CONTENT_LENGTH);
                 }
                 strip_hop_by_hop(&mut parts.headers, &[]);
-                let body = if keyed && !unverified_end {
+                let body = match (keyed, unverified_end) {
                     // The layer reads a keyed answer whole (up to the
                     // replay limit) before storing it: a stalled body
                     // must not outlive the lease.
-                    Deadline::whole_until(body, deadline, self.replay_limit, self.body_idle_timeout)
-                } else {
-                    if keyed {
+                    (true, false) => boxed(Deadline::whole_until(
+                        body,
+                        deadline,
+                        self.replay_limit,
+                        self.body_idle_timeout,
+                    )),
+                    (true, true) => {
                         // Its end cannot be told from a cut: the layer
                         // passes it on and does not store it.
                         parts.extensions.insert(UnverifiedEnd);
+                        boxed(Deadline::idle(body, self.body_idle_timeout))
                     }
-                    Deadline::idle(body, self.body_idle_timeout)
+                    // A passthrough answer has no clock of its own: a
+                    // timer per answer cost 2-4 us of about 20 (BENCHMARKS.md,
+                    // issue 34). The pool's answer is boxed already.
+                    (false, _) => body,
                 };
-                Response::from_parts(parts, boxed(body))
+                Response::from_parts(parts, body)
             }
             Ok(Err(SendError::NotSent(e))) => {
                 tracing::warn!(error = %chain(&*e), "upstream unreachable");
