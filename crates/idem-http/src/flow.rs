@@ -655,20 +655,18 @@ enum NotStored {
 /// status, and a problem document saying the request was executed and
 /// where its record can be read.
 fn not_stored(status: StatusCode, why: NotStored, limit: usize) -> StoredResponse {
-    let (title, reason) = match why {
-        NotStored::TooLarge => (
-            "Response too large to replay",
-            format!("its response was over the replay limit of {limit} bytes and was not kept"),
-        ),
-        NotStored::UnverifiedEnd => (
-            "Response not replayable",
-            "its response ended with its connection, so a cut could not be told from the end, and it was not kept".to_owned(),
-        ),
+    // One title for the type (RFC 9457: a title does not change between
+    // occurrences); the detail says why.
+    let reason = match why {
+        NotStored::TooLarge => {
+            format!("its response was over the replay limit of {limit} bytes and was not kept")
+        }
+        NotStored::UnverifiedEnd => "its response ended with its connection, so a cut could not be told from the end, and it was not kept".to_owned(),
     };
     crate::Problem::idem(
         status,
         "response-not-stored",
-        title,
+        "Response not stored",
         format!(
             "The request with this key was executed once; {reason}. Do not send it again as a new request: read GET /_idem/records/{{key}} for its status and resource id."
         ),

@@ -348,7 +348,7 @@ pub(crate) enum RecordsCommand {
         /// --credential-stdin.
         #[arg(long, hide = true, num_args = 0..=1, value_name = "REFUSED")]
         credential: Option<Option<String>>,
-        /// The operation's method.
+        /// The operation's method (upper-cased: `post` is POST).
         #[arg(long, default_value = "POST")]
         method: String,
         /// The operation's path (or route pattern). Without it or --config,

@@ -145,7 +145,11 @@ pub(crate) async fn run(cmd: RecordsCommand) -> anyhow::Result<()> {
                 .context("invalid key")
                 .or_usage()?;
             let operations = match (path, config) {
-                (Some(p), _) => vec![(method, p)],
+                // Upper-cased, as the read path's `?method=` is: an
+                // operator's `post` means the POST a client sent (records
+                // name methods as sent since methods are case-sensitive,
+                // and the gateway refuses a lower-case standard one).
+                (Some(p), _) => vec![(method.to_ascii_uppercase(), p)],
                 (None, Some(c)) => route_operations(&c).or_usage()?,
                 (None, None) => Vec::new(),
             };

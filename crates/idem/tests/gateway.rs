@@ -349,6 +349,15 @@ async fn the_reconciliation_read_path_and_records_cli() {
     );
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("\"completed\""), "{out}");
+    // A method typed in lower case names the POST a client sent.
+    let (code, out, err) = idem_with_credential(
+        &[
+            "records", "get", &k, "--store", &store, "--path", "/orders", "--method", "post",
+        ],
+        Credential::Env("Bearer reader"),
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("\"POST /orders\""), "{out}");
     // The key and the credential are enough for the CLI too.
     let (code, out, err) = idem_with_credential(
         &[
