@@ -1,14 +1,12 @@
 //! One request through the contract: key, scope, body, fingerprint, claim,
 //! then reject, replay, wait, or execute.
 
-use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::{FutureExt, StreamExt};
-use http::header::HeaderName;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header, request::Parts};
 use http_body_util::{BodyExt, BodyStream, StreamBody};
 use idem_core::{
@@ -19,15 +17,12 @@ use tracing::Instrument;
 
 use crate::body::{Body, BoxError, boxed, full};
 use crate::context::IdempotencyContext;
-use crate::layer::Shared;
+use crate::key_header::IDEMPOTENCY_KEY;
 use crate::metrics::{Outcome, StoreOp};
 use crate::rejection::Rejection;
 use crate::replay::{replay, set_expires, to_stored};
 use crate::rule::{KeyRequirement, RouteRule, ScopeError};
-
-/// The `Idempotency-Key` header.
-pub const IDEMPOTENCY_KEY: HeaderName =
-    HeaderName::from_static(idem_core::header_names::IDEMPOTENCY_KEY);
+use crate::shared::{Shared, store_call};
 
 fn reject(shared: &Shared, r: Rejection) -> Response<Body> {
     shared.meters.count(r.outcome());
@@ -58,27 +53,6 @@ pub struct OutcomeUnknown;
 /// as for an answer over the replay limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UnverifiedEnd;
-
-/// Runs a store call under the layer's deadline: past it, the call counts
-/// as `Unavailable` (503, fail closed).
-pub(crate) async fn store_call<T>(
-    shared: &Shared,
-    op: StoreOp,
-    fut: impl Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    // Timed around the deadline, so that a call that ran out of time is in
-    // the histogram too (at the deadline), not left out as if it never was.
-    // The deadline is set inside the timed span (the async block runs at
-    // its first poll, after the clock started), so such a call is recorded
-    // at the deadline or later, never just under it.
-    shared
-        .meters
-        .timed(op, async {
-            tokio::time::timeout(shared.store_timeout, fut).await
-        })
-        .await
-        .unwrap_or_else(|_| Err(crate::maintenance::timed_out(op.as_str())))
-}
 
 /// The inner service's call, boxed.
 pub(crate) type Call<E> =

@@ -3,90 +3,19 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{HeaderName, Method, Response};
-use idem_core::{KeyPolicy, Operation, Policy, Store};
+use http::{HeaderName, Method};
+use idem_core::{KeyPolicy, Policy, Store};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::Layer;
 
-use crate::body::Body;
-use crate::flow::IDEMPOTENCY_KEY;
+use crate::key_header::IDEMPOTENCY_KEY;
 use crate::metrics::{InProgress, Meters};
-use crate::rejection::Rejection;
 use crate::replay_cache::ReplayCache;
 use crate::rule::{KeyRequirement, RouteRule, ScopeSource};
 use crate::service::Idempotency;
+use crate::shared::Shared;
 use crate::wait::Waiters;
-
-/// Everything one layer's services share.
-pub(crate) struct Shared {
-    pub(crate) store: Arc<dyn Store>,
-    /// Shared with each request they match, not copied into it.
-    pub(crate) rules: Vec<Arc<RouteRule>>,
-    pub(crate) default_methods: Vec<Method>,
-    /// The key requirement and policy of the default methods' requests,
-    /// one rule for all of them (each names its own operation:
-    /// [`Shared::operation`]).
-    pub(crate) default_rule: Arc<RouteRule>,
-    /// The request header that carries the key.
-    pub(crate) key_header: HeaderName,
-    pub(crate) key_policy: KeyPolicy,
-    pub(crate) scope: ScopeSource,
-    pub(crate) body_limit: usize,
-    pub(crate) require_scope: bool,
-    pub(crate) body_timeout: Duration,
-    pub(crate) response_limit: usize,
-    pub(crate) store_timeout: Duration,
-    pub(crate) hold_unknown_outcomes: bool,
-    pub(crate) in_flight_retry_after: Duration,
-    pub(crate) unavailable_retry_after: Duration,
-    pub(crate) waiters: Waiters,
-    pub(crate) in_progress: InProgress,
-    pub(crate) meters: Meters,
-    pub(crate) shutdown: CancellationToken,
-    pub(crate) tracker: TaskTracker,
-    /// Finished records replayed before; `None`: off.
-    pub(crate) replays: Option<ReplayCache>,
-}
-
-impl Shared {
-    /// The rule for a request: the first configured rule that matches, or
-    /// the default rule for the default methods (POST and PATCH), whose
-    /// operation is the literal path. `None`: pass through.
-    pub(crate) fn rule_for(&self, method: &Method, path: &str) -> Option<Arc<RouteRule>> {
-        if let Some(rule) = self.rules.iter().find(|r| r.matches(method, path)) {
-            return Some(rule.clone());
-        }
-        self.default_methods
-            .contains(method)
-            .then(|| self.default_rule.clone())
-    }
-
-    /// The operation of a request `rule_for` gave `rule`: its pattern's, or
-    /// for the default rule, which every path shares, the request's path.
-    /// Formed only once a request is keyed.
-    pub(crate) fn operation(
-        &self,
-        rule: &Arc<RouteRule>,
-        method: &Method,
-        path: &str,
-    ) -> Operation {
-        if Arc::ptr_eq(rule, &self.default_rule) {
-            RouteRule::default_operation(method, path)
-        } else {
-            rule.operation(method)
-        }
-    }
-
-    /// The 400 for a request whose key header is missing or repeated,
-    /// counted like every rejection; its detail names the configured
-    /// header, so a client of an API with another header name is told
-    /// which one to send.
-    pub(crate) fn reject_key_header(&self, r: Rejection) -> Response<Body> {
-        self.meters.count(r.outcome());
-        r.problem_naming(&self.key_header).into_response()
-    }
-}
 
 /// The replay cache's default size in bytes.
 pub const DEFAULT_REPLAY_CACHE: usize = 16 * 1024 * 1024;

@@ -117,6 +117,7 @@ mod context;
 #[cfg(feature = "axum")]
 mod extract;
 mod flow;
+mod key_header;
 mod layer;
 pub mod maintenance;
 pub mod metrics;
@@ -127,13 +128,15 @@ mod replay;
 mod replay_cache;
 mod rule;
 mod service;
+mod shared;
 mod wait;
 
 pub use body::{Body, BoxError, boxed, full};
 pub use context::IdempotencyContext;
 #[cfg(feature = "axum")]
 pub use extract::MissingIdempotencyContext;
-pub use flow::{IDEMPOTENCY_KEY, OutcomeUnknown, UnverifiedEnd};
+pub use flow::{OutcomeUnknown, UnverifiedEnd};
+pub use key_header::IDEMPOTENCY_KEY;
 pub use layer::{DEFAULT_REPLAY_CACHE, IdempotencyLayer, IdempotencyLayerBuilder, LayerHandle};
 pub use problem::{PROBLEM_JSON, Problem};
 pub use read_path::{ReadPath, RecordView, ResponseView, lookup};

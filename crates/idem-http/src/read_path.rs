@@ -27,12 +27,11 @@ use idem_core::{Key, Record, RecordId, Scope, Status, Store, StoreError, Timesta
 use serde::Serialize;
 
 use crate::body::{Body, full};
-use crate::flow::store_call;
-use crate::layer::Shared;
 use crate::metrics::StoreOp;
 use crate::problem::Problem;
 use crate::rejection::Rejection;
 use crate::rule::ScopeError;
+use crate::shared::{Shared, store_call};
 
 /// A record as JSON for its owner: status, resource id, expiry, and the
 /// stored response. The fingerprint and fence are internal and left out.

@@ -7,7 +7,7 @@ use http::{HeaderName, Response, StatusCode};
 use idem_core::KeyError;
 
 use crate::body::Body;
-use crate::flow::IDEMPOTENCY_KEY;
+use crate::key_header::IDEMPOTENCY_KEY;
 use crate::metrics::Outcome;
 use crate::problem::Problem;
 use crate::rule::ScopeError;

@@ -12,7 +12,7 @@ use tower::Service;
 
 use crate::body::{Body, BoxError, boxed};
 use crate::flow;
-use crate::layer::Shared;
+use crate::shared::Shared;
 
 /// A service wrapped by [`IdempotencyLayer`](crate::IdempotencyLayer).
 #[derive(Clone)]
