@@ -74,13 +74,11 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
     // One front service per serving thread, each with its own upstream
     // connection pool: a pooled connection's task runs on the thread that
     // opened it, so sharing one pool would wake the other thread.
-    let mut rule_methods: Vec<http::Method> = cfg
+    let rule_methods: Arc<[http::Method]> = cfg
         .route_settings
         .iter()
         .flat_map(|r| r.methods.iter().cloned())
         .collect();
-    rule_methods.dedup();
-    let rule_methods: Arc<[http::Method]> = rule_methods.into();
     let fronts = (0..cfg.threads)
         .map(|_| {
             let proxied = layer.layer(proxy::Proxy::new(&cfg));

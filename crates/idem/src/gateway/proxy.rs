@@ -651,15 +651,22 @@ fn ends_at_close(headers: &HeaderMap) -> bool {
     !last.is_some_and(|c| c.eq_ignore_ascii_case("chunked"))
 }
 
-/// A transfer coding of an answer other than `chunked` (which hyper
-/// decodes) and `identity` (which codes nothing), if it has one.
-fn unknown_coding(headers: &HeaderMap) -> Option<String> {
+/// The transfer codings a message's `Transfer-Encoding` lines list, in
+/// order, each trimmed; empty list elements left out (RFC 9110 section
+/// 5.6.1).
+pub(crate) fn transfer_codings(headers: &HeaderMap) -> impl Iterator<Item = &[u8]> {
     headers
         .get_all(header::TRANSFER_ENCODING)
         .iter()
         .flat_map(|v| v.as_bytes().split(|b| *b == b','))
         .map(<[u8]>::trim_ascii)
         .filter(|c| !c.is_empty())
+}
+
+/// A transfer coding of an answer other than `chunked` (which hyper
+/// decodes) and `identity` (which codes nothing), if it has one.
+fn unknown_coding(headers: &HeaderMap) -> Option<String> {
+    transfer_codings(headers)
         .find(|c| !c.eq_ignore_ascii_case(b"chunked") && !c.eq_ignore_ascii_case(b"identity"))
         .map(|c| String::from_utf8_lossy(c).into_owned())
 }

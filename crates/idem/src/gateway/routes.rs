@@ -22,7 +22,7 @@ use http_body::Body as HttpBody;
 use idem_http::{Body, BoxError, Idempotency, ReadPath, ResponseFuture};
 use tower::Service;
 
-use super::proxy::{Peer, Proxy};
+use super::proxy::{Peer, Proxy, transfer_codings};
 
 /// Where the read path is mounted: `/_idem/records/{key}`, one segment.
 const READ_PATH: &str = "/_idem/records/";
@@ -73,7 +73,7 @@ type ReadFuture = <ReadPath as Service<Request<()>>>::Future;
 
 /// Where a path stands with the read path: every path under its prefix
 /// is the gateway's, never the upstream's.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ReadPathMatch {
     /// Not under the prefix.
     Elsewhere,
@@ -113,7 +113,8 @@ where
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
         let path = req.uri().path();
-        let refused = match read_path_match(path) {
+        let matched = read_path_match(path);
+        let refused = match matched {
             ReadPathMatch::Key => None,
             ReadPathMatch::Malformed => Some(problem(
                 StatusCode::BAD_REQUEST,
@@ -136,7 +137,7 @@ where
             return Either::Left(ready(Ok(refused)));
         }
         req.extensions_mut().insert(self.peer.clone());
-        if read_path_match(req.uri().path()) == ReadPathMatch::Key {
+        if matched == ReadPathMatch::Key {
             return Either::Right(Either::Left(self.front.read_path.call(req)));
         }
         Either::Right(Either::Right(self.front.proxied.call(req)))
@@ -191,12 +192,7 @@ fn unreadable_request(
             &format!("Methods are case-sensitive: '{sent}' is not {standard}. Send {standard}."),
         ));
     }
-    let mut codings = headers
-        .get_all(header::TRANSFER_ENCODING)
-        .iter()
-        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
-        .map(<[u8]>::trim_ascii)
-        .filter(|c| !c.is_empty());
+    let mut codings = transfer_codings(headers);
     let first = codings.next();
     let only_chunked =
         first.is_none_or(|c| c.eq_ignore_ascii_case(b"chunked")) && codings.next().is_none();
