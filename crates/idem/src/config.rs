@@ -322,33 +322,12 @@ fn address(v: Option<String>, name: &str, default: &str) -> anyhow::Result<Strin
     }
 }
 
-/// Headers that end at the next hop: never forwarded, and a proxy may drop
-/// them (the gateway's proxy strips the same ones).
-const HOP_BY_HOP: [&str; 9] = [
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-];
-
-/// Headers the gateway writes itself (`Host`, the forwarding headers) or
-/// that describe the body: a key there would not reach the upstream as
-/// the client sent it, or would not name an intent.
-const GATEWAY_OWNED: [&str; 9] = [
-    "host",
-    "forwarded",
-    "x-forwarded-for",
-    "x-forwarded-host",
-    "x-forwarded-proto",
-    "x-real-ip",
-    "content-type",
-    "content-length",
-    "content-encoding",
+/// Headers that describe the body: a key there would not name an
+/// intent.
+const BODY_HEADERS: [HeaderName; 3] = [
+    header::CONTENT_TYPE,
+    header::CONTENT_LENGTH,
+    header::CONTENT_ENCODING,
 ];
 
 /// `--key-header`: a header name that reaches the upstream unchanged and
@@ -362,17 +341,12 @@ pub(crate) fn key_header(
         Some(name) => name,
         None => idem_http::IDEMPOTENCY_KEY,
     };
-    if HOP_BY_HOP.contains(&name.as_str()) {
-        bail!(
-            "--key-header {name} is a hop-by-hop header: it is not forwarded, and a proxy may drop it"
-        );
-    }
     if name == header::AUTHORIZATION {
         bail!("--key-header cannot be Authorization: a key must never be the credential");
     }
-    if GATEWAY_OWNED.contains(&name.as_str()) {
+    if idem_gateway::rewritten_on_the_way(&name) || BODY_HEADERS.contains(&name) {
         bail!(
-            "--key-header {name} is a header the gateway rewrites or that describes the body; name one of your own, such as X-Request-Key"
+            "--key-header {name} is a header the gateway strips (hop-by-hop) or rewrites, or one that describes the body; name one of your own, such as X-Request-Key"
         );
     }
     if let Some((flag, _)) = scope_headers.iter().find(|(_, h)| *h == name) {

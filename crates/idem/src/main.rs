@@ -9,14 +9,15 @@
 //! 0 success, 1 runtime failure, 2 usage or configuration error, 3 not
 //! found.
 
+mod admin;
 mod check_config;
 mod cli;
 mod config;
 mod demo;
 mod exit;
-mod gateway;
 mod logging;
 mod records;
+mod serve;
 mod stores;
 mod tls;
 mod units;
@@ -97,7 +98,7 @@ fn main() -> ExitCode {
         match cli.command {
             cli::Command::Serve(args) => {
                 let cfg = config::GatewayConfig::from_args(&args)?;
-                gateway::serve(cfg).await.map(|()| ExitCode::SUCCESS)
+                serve::serve(cfg).await.map(|()| ExitCode::SUCCESS)
             }
             cli::Command::CheckConfig(args) => {
                 check_config::run(&args).map(|()| exit::Exit::Success.into())

@@ -126,7 +126,7 @@ impl fmt::Display for StoreUrl {
 
 impl StoreUrl {
     /// Whether the gateway opens one instance of the store per serving
-    /// thread (`gateway/thread_store.rs`): Redis, whose connection is one
+    /// thread (idem-gateway's `ThreadStores`): Redis, whose connection is one
     /// multiplexed socket driven by a task. Not PostgreSQL or MySQL (a pool
     /// each would multiply the server's connections by the threads), nor
     /// the memory store or SQLite (an instance is the data, or its writer).

@@ -22,7 +22,7 @@ use http_body::Body as HttpBody;
 use idem_http::{Body, BoxError, Idempotency, ReadPath, ResponseFuture};
 use tower::Service;
 
-use super::proxy::{Peer, Proxy, transfer_codings};
+use crate::proxy::{Peer, Proxy, transfer_codings};
 
 /// Where the read path is mounted: `/_idem/records/{key}`, one segment.
 const READ_PATH: &str = "/_idem/records/";
@@ -52,8 +52,8 @@ impl Front {
     }
 
     /// The front service of a connection from `peer`.
-    pub(crate) fn for_peer(&self, peer: SocketAddr) -> Gateway {
-        Gateway {
+    pub(crate) fn for_peer(&self, peer: SocketAddr) -> ConnectionService {
+        ConnectionService {
             front: self.clone(),
             peer: Peer::new(peer),
         }
@@ -64,7 +64,7 @@ impl Front {
 /// the proxy's forwarding headers are written from it (and a client's own
 /// are dropped), so there is no way to build one without it.
 #[derive(Clone)]
-pub(crate) struct Gateway {
+pub(crate) struct ConnectionService {
     front: Front,
     peer: Peer,
 }
@@ -92,7 +92,7 @@ fn read_path_match(path: &str) -> ReadPathMatch {
     }
 }
 
-impl<B> Service<Request<B>> for Gateway
+impl<B> Service<Request<B>> for ConnectionService
 where
     B: HttpBody<Data = bytes::Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
@@ -225,7 +225,7 @@ fn unreadable_request(
 /// fingerprint saw: `.` and `..` segments (also `..;x`, as Tomcat reads
 /// it), backslashes, and percent-encodings of unreserved characters, `/`,
 /// `\` or malformed ones (RFC 3986 section 6.2.2 lets a server decode
-/// `%61` to `a`). [`Gateway`] answers them with 400.
+/// `%61` to `a`). [`ConnectionService`] answers them with 400.
 fn ambiguous_path(path: &str) -> Option<&'static str> {
     if path.contains('\\') {
         return Some("has a backslash");

@@ -1,23 +1,18 @@
-//! `idem serve`: the gateway.
-
-mod admin;
-mod listener;
-mod pool;
-mod proxy;
-mod routes;
-mod spread;
-mod thread_store;
+//! `idem serve`: the gateway library (idem-gateway) with the binary's
+//! configuration, metrics recorder, admin listener, maintenance and
+//! signals around it.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use idem_gateway::{ConnectionLimits, Gateway, ThreadStores, UpstreamSettings};
 use idem_http::maintenance::Maintenance;
 use idem_http::{IdempotencyLayer, ScopeSource};
 use metrics_exporter_prometheus::PrometheusBuilder;
 use tokio::net::TcpListener;
-use tower::Layer;
 
+use crate::admin;
 use crate::config::GatewayConfig;
 
 /// Buckets for every histogram, in seconds (store latency mostly).
@@ -45,10 +40,14 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
         many => ScopeSource::Headers(many.to_vec()),
     };
     // Redis: an instance per serving thread, each opened by its thread.
-    let thread_stores = cfg
-        .store
-        .connection_per_thread()
-        .then(|| Arc::new(thread_store::ThreadStores::new(store.clone(), cfg.threads)));
+    let thread_stores = cfg.store.connection_per_thread().then(|| {
+        let (url, ca) = (cfg.store.clone(), cfg.store_ca.clone());
+        let open: idem_gateway::OpenStore = Arc::new(move || {
+            let (url, ca) = (url.clone(), ca.clone());
+            Box::pin(async move { url.open(ca.as_ref()).await.map_err(Into::into) })
+        });
+        ThreadStores::new(store.clone(), cfg.threads, open)
+    });
     let layer_store: Arc<dyn idem_core::Store> = match &thread_stores {
         Some(per_thread) => per_thread.clone(),
         None => store.clone(),
@@ -71,24 +70,26 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
     }
     let layer = builder.build();
     let handle = layer.handle();
-    // One front service per serving thread, each with its own upstream
-    // connection pool: a pooled connection's task runs on the thread that
-    // opened it, so sharing one pool would wake the other thread.
-    let rule_methods: Arc<[http::Method]> = cfg
-        .route_settings
-        .iter()
-        .flat_map(|r| r.methods.iter().cloned())
-        .collect();
-    let fronts = (0..cfg.threads)
-        .map(|_| {
-            let proxied = layer.layer(proxy::Proxy::new(&cfg));
-            routes::Front::new(
-                proxied,
-                layer.read_path().anonymous_reads(cfg.anonymous_reads),
-                rule_methods.clone(),
-            )
+    let mut gateway = Gateway::new(layer, upstream_settings(&cfg))
+        .threads(cfg.threads)
+        .limits(ConnectionLimits {
+            max_connections: cfg.max_connections,
+            header_timeout: cfg.header_timeout,
+            stall_timeout: cfg.body_timeout,
         })
-        .collect();
+        .shutdown_grace(cfg.shutdown_grace)
+        .anonymous_reads(cfg.anonymous_reads)
+        .rule_methods(
+            cfg.route_settings
+                .iter()
+                .flat_map(|r| r.methods.iter().cloned()),
+        );
+    if let Some(tls) = &cfg.tls {
+        gateway = gateway.tls(tls.config.clone());
+    }
+    if let Some(stores) = thread_stores {
+        gateway = gateway.thread_stores(stores);
+    }
 
     let shutdown = tokio_util::sync::CancellationToken::new();
     tokio::spawn(signals(shutdown.clone()));
@@ -112,22 +113,10 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
         });
     }
     log_settings(&cfg);
-    let grace = cfg.shutdown_grace;
-    let mut serving = listener::serve(
-        listener,
-        fronts,
-        cfg.tls.as_ref().map(|t| t.config.clone()),
-        listener::ConnectionLimits {
-            max_connections: cfg.max_connections,
-            header_timeout: cfg.header_timeout,
-            stall_timeout: cfg.body_timeout,
-        },
-        &shutdown,
-        grace,
-        thread_start(&cfg, thread_stores),
-    )
-    .await
-    .context("cannot start the serving threads")?;
+    let running = gateway
+        .start(listener, &shutdown)
+        .await
+        .context("cannot start the serving threads")?;
     // After the serving threads: `/healthz` answers once they run.
     let admin = axum::serve(admin_listener, admin::router(store, prometheus))
         .with_graceful_shutdown(shutdown.clone().cancelled_owned());
@@ -136,51 +125,25 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
             tracing::error!(error = %e, "admin listener failed");
         }
     });
-    // The threads stop accepting at the signal and close their connections
-    // once their answers are sent, within the grace (and a second); the
-    // layer meanwhile gives running executions the grace, then cancels them
-    // (their keys released or held).
-    let draining = async {
-        shutdown.cancelled().await;
-        let since = tokio::time::Instant::now();
-        handle.shutdown(grace).await;
-        since
-    };
-    let ((), since) = tokio::join!(serving.drained(), draining);
-    // A request that was still being read when the layer's wait began may
-    // have started its execution since (its client gone, say); with every
-    // connection closed no more can start. They get what is left of the
-    // grace: the threads' runtimes, which run them, end after this.
-    let late = handle.executions();
-    if late > 0 {
-        tracing::info!(
-            executions = late,
-            "waiting for executions that started while connections drained"
-        );
-    }
-    handle.shutdown(grace.saturating_sub(since.elapsed())).await;
-    serving.finish().await.context("serving")?;
+    running.wait().await.context("serving")?;
     tracing::info!("stopped");
     Ok(())
 }
 
-/// What each serving thread does first: names itself for the per-thread
-/// stores, and opens its own instance of a store that has them.
-fn thread_start(
-    cfg: &GatewayConfig,
-    stores: Option<Arc<thread_store::ThreadStores>>,
-) -> listener::ThreadStart {
-    let (url, ca) = (cfg.store.clone(), cfg.store_ca.clone());
-    Arc::new(move |index| {
-        thread_store::enter(index);
-        let (url, ca, stores) = (url.clone(), ca.clone(), stores.clone());
-        Box::pin(async move {
-            if let Some(stores) = stores {
-                stores.set(index, url.open(ca.as_ref()).await?);
-            }
-            Ok(())
-        })
-    })
+/// What the gateway library needs to know of the upstream.
+fn upstream_settings(cfg: &GatewayConfig) -> UpstreamSettings {
+    UpstreamSettings {
+        url: cfg.upstream.clone(),
+        tls: cfg.upstream_tls.clone(),
+        timeout: cfg.upstream_timeout,
+        idle_timeout: cfg.upstream_idle_timeout,
+        body_timeout: cfg.body_timeout,
+        replay_limit: cfg.max_response,
+        trust_forwarded: cfg.trust_forwarded,
+        protected_headers: std::iter::once(cfg.key_header.clone())
+            .chain(cfg.scope_headers.iter().cloned())
+            .collect(),
+    }
 }
 
 /// The effective settings, once at start-up, without secrets: the store

@@ -13,7 +13,7 @@ use idem_core::{Key, Operation, RecordId, Scope, Store, Timestamp};
 use metrics_exporter_prometheus::PrometheusHandle;
 
 /// The OpenAPI 3.1 document, as kept in the repository.
-const OPENAPI_JSON: &str = include_str!("../../openapi/idem-gateway.json");
+const OPENAPI_JSON: &str = include_str!("../openapi/idem-gateway.json");
 
 #[derive(Clone)]
 struct Admin {

@@ -13,6 +13,8 @@
 use std::cell::Cell;
 use std::sync::{Arc, OnceLock};
 
+use idem_http::BoxError;
+
 use idem_core::{
     BoxFuture, Claim, ClaimRequest, Completion, Fence, Key, Record, RecordId, Scope, Settled,
     StaleCursor, Store, StoreError, Timestamp,
@@ -29,18 +31,44 @@ pub(crate) fn enter(index: usize) {
     SERVING_THREAD.with(|t| t.set(Some(index)));
 }
 
-/// The main instance and one per serving thread, each set by its thread.
-pub(crate) struct ThreadStores {
+/// Opens one more instance of a store (its own connection to the same
+/// server), on the thread that calls it.
+pub type OpenStore =
+    Arc<dyn Fn() -> BoxFuture<'static, Result<Arc<dyn Store>, BoxError>> + Send + Sync>;
+
+/// A store with an instance per serving thread: give it to the layer as
+/// its store, and to [`Gateway::thread_stores`](crate::Gateway::thread_stores),
+/// whose threads each open their own instance before they serve.
+pub struct ThreadStores {
     main: Arc<dyn Store>,
     threads: Vec<OnceLock<Arc<dyn Store>>>,
+    open: OpenStore,
+}
+
+impl std::fmt::Debug for ThreadStores {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ThreadStores")
+            .field("threads", &self.threads.len())
+            .finish_non_exhaustive()
+    }
 }
 
 impl ThreadStores {
-    pub(crate) fn new(main: Arc<dyn Store>, threads: usize) -> ThreadStores {
-        ThreadStores {
+    /// `main` for every thread that does not serve, and an instance that
+    /// `open` makes for each of `threads` serving threads.
+    pub fn new(main: Arc<dyn Store>, threads: usize, open: OpenStore) -> Arc<ThreadStores> {
+        Arc::new(ThreadStores {
             main,
             threads: (0..threads).map(|_| OnceLock::new()).collect(),
-        }
+            open,
+        })
+    }
+
+    /// Opens serving thread `index`'s instance, on that thread.
+    pub(crate) async fn open_for(&self, index: usize) -> Result<(), BoxError> {
+        let store = (self.open)().await?;
+        self.set(index, store);
+        Ok(())
     }
 
     /// Sets serving thread `index`'s instance (opened on that thread). A
@@ -142,7 +170,9 @@ mod tests {
     fn a_serving_thread_uses_its_own_instance_and_others_the_main_one() {
         let main = Arc::new(MemoryStore::new());
         let mine = Arc::new(MemoryStore::new());
-        let stores = Arc::new(ThreadStores::new(main.clone(), 2));
+        let never: super::OpenStore =
+            Arc::new(|| Box::pin(async { Err("not opened here".into()) }));
+        let stores = ThreadStores::new(main.clone(), 2, never);
         stores.set(1, mine.clone());
         let now = Timestamp::from_millis(1_800_000_000_000);
         let id = |key: &str| {

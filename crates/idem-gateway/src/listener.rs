@@ -6,7 +6,7 @@
 //!
 //! axum's `serve` offers none of these knobs, so connections are served
 //! here with hyper's HTTP/1 server directly, by the gateway's own front
-//! service (`routes.rs`).
+//! service (`front.rs`).
 
 use std::io;
 use std::net::SocketAddr;
@@ -28,22 +28,13 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::routes::{Front, Gateway};
-use super::spread::{Placed, Spread, spread};
+use idem_http::BoxError;
 
-/// The bounds on client connections.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct ConnectionLimits {
-    /// Connections served at once; more wait in the kernel's backlog.
-    pub(crate) max_connections: usize,
-    /// How long a client may take to send a request's headers, counted
-    /// from when the connection starts waiting for them (so an idle
-    /// keep-alive connection is closed after it too).
-    pub(crate) header_timeout: Duration,
-    /// How long a write to the client may make no progress (a client that
-    /// stops reading its answer) before the connection is closed.
-    pub(crate) stall_timeout: Duration,
-}
+use crate::Error;
+use crate::front::{ConnectionService, Front};
+use crate::spread::{Placed, Spread, spread};
+
+use crate::settings::ConnectionLimits;
 
 /// A connection whose writes fail once they have made no progress for
 /// `limit`: without it, a client that never reads a large answer holds its
@@ -165,7 +156,7 @@ impl Serving {
     /// Lets the threads end their runtimes, which drops whatever still runs
     /// on them: call it once the layer's executions are over. Waits for the
     /// threads (each ends its runtime within a second).
-    pub(crate) async fn finish(mut self) -> io::Result<()> {
+    pub(crate) async fn finish(mut self) -> Result<(), Error> {
         self.release.cancel();
         let threads = std::mem::take(&mut self.threads);
         let joined =
@@ -175,7 +166,7 @@ impl Serving {
             Ok(Ok(true))
         );
         if !all_ok {
-            return Err(io::Error::other("a serving thread stopped unexpectedly"));
+            return Err(Error::Stopped);
         }
         Ok(())
     }
@@ -206,7 +197,7 @@ impl Drop for Serving {
 /// its index (opening its own store connection, say); an error stops the
 /// start-up.
 pub(crate) type ThreadStart = Arc<
-    dyn Fn(usize) -> futures_util::future::BoxFuture<'static, anyhow::Result<()>> + Send + Sync,
+    dyn Fn(usize) -> futures_util::future::BoxFuture<'static, Result<(), BoxError>> + Send + Sync,
 >;
 
 pub(crate) async fn serve(
@@ -217,8 +208,8 @@ pub(crate) async fn serve(
     shutdown: &CancellationToken,
     grace: Duration,
     start: ThreadStart,
-) -> anyhow::Result<Serving> {
-    let listener = listener.into_std()?;
+) -> Result<Serving, Error> {
+    let listener = listener.into_std().map_err(Error::Start)?;
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let acceptor = tls.map(TlsAcceptor::from);
     // The blocking pool (SQLite's reads) stays as large in all as one
@@ -230,10 +221,14 @@ pub(crate) async fn serve(
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .max_blocking_threads(blocking)
-            .build()?;
+            .build()
+            .map_err(Error::Start)?;
         let listener = {
             let _entered = runtime.enter();
-            TcpListener::from_std(listener.try_clone()?)?
+            listener
+                .try_clone()
+                .and_then(TcpListener::from_std)
+                .map_err(Error::Start)?
         };
         prepared.push((runtime, listener, front, spread));
     }
@@ -285,7 +280,8 @@ pub(crate) async fn serve(
                     release.cancelled().await;
                 });
                 runtime.shutdown_timeout(Duration::from_secs(1));
-            })?;
+            })
+            .map_err(Error::Start)?;
         serving.threads.push(thread);
         serving.drained.push(drained);
     }
@@ -299,8 +295,8 @@ pub(crate) async fn serve(
     while let Some((i, ready)) = started.next().await {
         match ready {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(e.context(format!("serving thread {i}"))),
-            Err(_) => anyhow::bail!("serving thread {i} stopped while starting"),
+            Ok(Err(source)) => return Err(Error::ThreadStart { thread: i, source }),
+            Err(_) => return Err(Error::ThreadLost(i)),
         }
     }
     go.cancel();
@@ -437,8 +433,12 @@ async fn accept(
 
 /// Serves one connection (plain or TLS, already stall-guarded) with the
 /// header bound.
-async fn serve_connection<T>(io: T, app: Gateway, limits: ConnectionLimits, watcher: Watcher)
-where
+async fn serve_connection<T>(
+    io: T,
+    app: ConnectionService,
+    limits: ConnectionLimits,
+    watcher: Watcher,
+) where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let mut builder = hyper::server::conn::http1::Builder::new();

@@ -1,0 +1,309 @@
+//! The idem gateway as a library: a reverse proxy that puts an
+//! [`IdempotencyLayer`] in front of any HTTP/1.1 service. The `idem serve`
+//! command is this crate with flags, a configuration file, metrics and an
+//! admin listener around it; a Rust team can embed the same engine in a
+//! binary of its own ([`Gateway`], and `examples/embed.rs`).
+//!
+//! Not here: parsing flags or files, installing a metrics recorder,
+//! signals, or the admin endpoints (the binary's), nor the idempotency
+//! rules themselves (idem-http's layer, over idem-core's store).
+//!
+//! # One keyed request, from accept to store and back
+//!
+//! 1. **Accept** ([`listener`](crate::listener)). [`Gateway::start`] runs
+//!    one single-threaded runtime per serving thread, all accepting from one
+//!    socket. A connection takes a slot of
+//!    [`ConnectionLimits::max_connections`], its writes are bounded by the
+//!    stall timeout and, with TLS, its handshake by the header timeout.
+//! 2. **Spread** ([`spread`](crate::spread)). A thread that holds more
+//!    connections than the least loaded one hands the new one over; a
+//!    connection then stays on its thread, so its requests, their
+//!    executions and their upstream exchanges never wake another thread.
+//! 3. **Front** ([`front`](crate::front)). hyper reads the request head
+//!    (within the header timeout) and calls the connection's front
+//!    service, which refuses what an upstream could read otherwise than
+//!    the layer does (an ambiguous path, a method that differs from a
+//!    standard one only in case, an unknown transfer coding or
+//!    expectation), answers the read path (`/_idem/records/{key}`), and
+//!    hands everything else to the layer, tagged with the client's
+//!    address.
+//! 4. **Claim** (idem-http). The layer checks the key, reads and
+//!    fingerprints the body, and claims the record in the store: a new
+//!    claim executes; a finished record is replayed; a claim in flight is
+//!    answered 409 (or waited for); a different fingerprint 422.
+//! 5. **Forward** ([`proxy`](crate::proxy)). The execution is the proxy:
+//!    it rewrites the headers ([`proxy::forwarding`](crate::proxy)), maps
+//!    the path onto the upstream URL, and sends the request on an idle
+//!    connection of the thread's [`pool`](crate::pool), or a new one. The
+//!    keyed exchange runs under [`UpstreamSettings::timeout`], its answer
+//!    body included up to the replay limit; a failure once the request
+//!    was sent is marked as an unknown outcome (the key stays held).
+//! 6. **Check the answer** ([`pool`](crate::pool), [`proxy`](crate::proxy)).
+//!    A connection whose exchange was out of step (an answer before the
+//!    body was sent, a refusal of a body, a status that is not final) is
+//!    closed, never reused for another caller. An answer whose framing
+//!    the gateway cannot vouch for is passed on but not stored.
+//! 7. **Settle** (idem-http). The layer stores the answer with the record
+//!    (or releases the key for a transient failure) and only then sends
+//!    it; every retry with the key is answered from the store until the
+//!    record expires.
+//!
+//! With a store whose connection is one multiplexed socket (Redis),
+//! [`ThreadStores`] gives each serving thread its own instance, opened on
+//! that thread.
+
+mod front;
+mod listener;
+mod pool;
+mod proxy;
+mod settings;
+mod spread;
+mod thread_store;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::Method;
+use idem_http::{BoxError, IdempotencyLayer};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tower::Layer as _;
+
+pub use proxy::rewritten_on_the_way;
+pub use settings::{ConnectionLimits, UpstreamSettings};
+pub use thread_store::{OpenStore, ThreadStores};
+
+/// The metric counting upstream connections closed because their last
+/// exchange was out of step, by `reason`.
+pub const UPSTREAM_CONNECTIONS_CLOSED: &str = pool::CLOSED;
+
+/// Why the gateway could not start, or stopped badly.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A serving thread, its runtime or its copy of the listening socket
+    /// could not be made.
+    #[error("cannot start the serving threads")]
+    Start(#[source] std::io::Error),
+    /// A serving thread's start-up (opening its store instance) failed.
+    #[error("serving thread {thread} could not start")]
+    ThreadStart {
+        /// The thread's index.
+        thread: usize,
+        /// What failed.
+        #[source]
+        source: BoxError,
+    },
+    /// A serving thread ended while it started.
+    #[error("serving thread {0} stopped while starting")]
+    ThreadLost(usize),
+    /// A serving thread ended without being asked to (it panicked).
+    #[error("a serving thread stopped unexpectedly")]
+    Stopped,
+}
+
+/// A gateway: an idempotency layer in front of one upstream, served on
+/// a number of threads. Build it, [`start`](Gateway::start) it on a
+/// listening socket, and [`wait`](Running::wait) for it after cancelling
+/// its shutdown token.
+pub struct Gateway {
+    layer: IdempotencyLayer,
+    upstream: UpstreamSettings,
+    threads: usize,
+    limits: ConnectionLimits,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    shutdown_grace: Duration,
+    anonymous_reads: bool,
+    rule_methods: Arc<[Method]>,
+    thread_stores: Option<Arc<ThreadStores>>,
+}
+
+impl Gateway {
+    /// `layer` in front of `upstream`, on one thread per CPU, with the
+    /// default connection limits, plain HTTP, a 30 s shutdown grace, and
+    /// the read path refused to requests without a scope.
+    pub fn new(layer: IdempotencyLayer, upstream: UpstreamSettings) -> Gateway {
+        Gateway {
+            layer,
+            upstream,
+            threads: std::thread::available_parallelism().map_or(1, usize::from),
+            limits: ConnectionLimits::default(),
+            tls: None,
+            shutdown_grace: Duration::from_secs(30),
+            anonymous_reads: false,
+            rule_methods: Arc::from([]),
+            thread_stores: None,
+        }
+    }
+
+    /// The number of serving threads (at least one).
+    pub fn threads(mut self, threads: usize) -> Gateway {
+        self.threads = threads.max(1);
+        self
+    }
+
+    /// The bounds on client connections.
+    pub fn limits(mut self, limits: ConnectionLimits) -> Gateway {
+        self.limits = limits;
+        self
+    }
+
+    /// Serves HTTPS with `config` (its ALPN list is the caller's).
+    pub fn tls(mut self, config: Arc<rustls::ServerConfig>) -> Gateway {
+        self.tls = Some(config);
+        self
+    }
+
+    /// How long running requests may finish once the shutdown token is
+    /// cancelled.
+    pub fn shutdown_grace(mut self, grace: Duration) -> Gateway {
+        self.shutdown_grace = grace;
+        self
+    }
+
+    /// Whether the read path answers requests without a scope (see
+    /// idem-http's `ReadPath::anonymous_reads`).
+    pub fn anonymous_reads(mut self, allowed: bool) -> Gateway {
+        self.anonymous_reads = allowed;
+        self
+    }
+
+    /// Methods the layer's route rules name besides the standard ones
+    /// (`PURGE`, say): a request whose method differs from one of them
+    /// only in case is refused (400), as for the standard ones.
+    pub fn rule_methods(mut self, methods: impl IntoIterator<Item = Method>) -> Gateway {
+        self.rule_methods = methods.into_iter().collect();
+        self
+    }
+
+    /// Gives each serving thread its own instance of the layer's store,
+    /// opened on that thread before it serves. `stores` must be the store
+    /// the layer was built with.
+    pub fn thread_stores(mut self, stores: Arc<ThreadStores>) -> Gateway {
+        self.thread_stores = Some(stores);
+        self
+    }
+
+    /// Starts the serving threads on `listener`. Once this returns they
+    /// serve; on an error nothing runs. Cancelling `shutdown` stops them
+    /// accepting and begins the drain that [`Running::wait`] finishes.
+    pub async fn start(
+        self,
+        listener: TcpListener,
+        shutdown: &CancellationToken,
+    ) -> Result<Running, Error> {
+        let client_proto = if self.tls.is_some() { "https" } else { "http" };
+        // One front service per serving thread, each with its own upstream
+        // connection pool: a pooled connection's task runs on the thread
+        // that opened it, so sharing one pool would wake the other thread.
+        let fronts = (0..self.threads)
+            .map(|_| {
+                let proxied = self
+                    .layer
+                    .layer(proxy::Proxy::new(&self.upstream, client_proto));
+                front::Front::new(
+                    proxied,
+                    self.layer.read_path().anonymous_reads(self.anonymous_reads),
+                    self.rule_methods.clone(),
+                )
+            })
+            .collect();
+        let stores = self.thread_stores.clone();
+        let thread_start: listener::ThreadStart = Arc::new(move |index| {
+            thread_store::enter(index);
+            let stores = stores.clone();
+            Box::pin(async move {
+                match stores {
+                    Some(stores) => stores.open_for(index).await,
+                    None => Ok(()),
+                }
+            })
+        });
+        let serving = listener::serve(
+            listener,
+            fronts,
+            self.tls,
+            self.limits,
+            shutdown,
+            self.shutdown_grace,
+            thread_start,
+        )
+        .await?;
+        Ok(Running {
+            serving,
+            layer: self.layer,
+            shutdown: shutdown.clone(),
+            grace: self.shutdown_grace,
+        })
+    }
+}
+
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway")
+            .field("upstream", &self.upstream.url)
+            .field("threads", &self.threads)
+            .field("limits", &self.limits)
+            .field("tls", &self.tls.is_some())
+            .field("shutdown_grace", &self.shutdown_grace)
+            .field("anonymous_reads", &self.anonymous_reads)
+            .field("rule_methods", &self.rule_methods)
+            .field("thread_stores", &self.thread_stores.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A gateway that serves, until its shutdown token is cancelled.
+pub struct Running {
+    serving: listener::Serving,
+    layer: IdempotencyLayer,
+    shutdown: CancellationToken,
+    grace: Duration,
+}
+
+impl std::fmt::Debug for Running {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Running")
+            .field("grace", &self.grace)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Running {
+    /// Waits for the shutdown token, then drains: the threads stop
+    /// accepting and close their connections once their answers are sent,
+    /// within the grace (and a second); the layer meanwhile gives running
+    /// executions the grace, then cancels them (their keys released or
+    /// held). A serving thread lost on the way cancels the token itself,
+    /// and is reported here.
+    pub async fn wait(mut self) -> Result<(), Error> {
+        let handle = self.layer.handle();
+        let grace = self.grace;
+        let draining = async {
+            self.shutdown.cancelled().await;
+            let since = tokio::time::Instant::now();
+            handle.shutdown(grace).await;
+            since
+        };
+        let ((), since) = tokio::join!(self.serving.drained(), draining);
+        // A request that was still being read when the layer's wait began
+        // may have started its execution since (its client gone, say);
+        // with every connection closed no more can start. They get what
+        // is left of the grace: the threads' runtimes, which run them, end
+        // after this.
+        let late = handle.executions();
+        if late > 0 {
+            tracing::info!(
+                executions = late,
+                "waiting for executions that started while connections drained"
+            );
+        }
+        handle.shutdown(grace.saturating_sub(since.elapsed())).await;
+        self.serving.finish().await
+    }
+}
+
+/// The README's examples, compiled by `cargo test --doc`.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
