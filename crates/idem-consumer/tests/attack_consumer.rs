@@ -5,14 +5,12 @@
 #![allow(clippy::unwrap_used)] // a test crate: a panic is a failed assertion
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use idem_consumer::{Action, ConsumeError, Consumer, KeySource, Message, MissingKey, Processed};
-use idem_core::{
-    BoxFuture, Claim, ClaimRequest, Completion, Fence, Key, MemoryStore, Policy, Record, RecordId,
-    Scope, Settled, StaleCursor, Store, StoreError, StoreErrorKind, Timestamp,
-};
+use idem_core::{MemoryStore, Policy, Scope, Store, StoreError, StoreErrorKind};
+use idem_testkit::{Fault, FaultyStore, StoreOp};
 
 fn json(payload: &str) -> Message {
     Message::new(payload.to_owned()).with_content_type("application/json")
@@ -81,66 +79,14 @@ fn a_failing_effect_is_not_redelivered_at_once() {
 }
 
 /// A [`MemoryStore`] whose first `complete` fails, as a store blip does.
-struct CompleteFailsOnce {
-    inner: MemoryStore,
-    failures: AtomicU32,
-}
-
-impl Store for CompleteFailsOnce {
-    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>> {
-        self.inner.claim(req)
-    }
-    fn complete<'a>(
-        &'a self,
-        id: &'a RecordId,
-        fence: Fence,
-        completion: Completion,
-        now: Timestamp,
-    ) -> BoxFuture<'a, Result<Settled, StoreError>> {
-        if self.failures.fetch_add(1, Ordering::SeqCst) == 0 {
-            return Box::pin(async { Err(StoreError::new(StoreErrorKind::Unavailable, "blip")) });
+fn complete_fails_once() -> FaultyStore {
+    FaultyStore::with_faults(Arc::new(MemoryStore::new()), |call| {
+        if call.op == StoreOp::Complete && call.nth == 0 {
+            Fault::Fail(StoreError::new(StoreErrorKind::Unavailable, "blip"))
+        } else {
+            Fault::Pass
         }
-        self.inner.complete(id, fence, completion, now)
-    }
-    fn release<'a>(
-        &'a self,
-        id: &'a RecordId,
-        fence: Fence,
-        now: Timestamp,
-    ) -> BoxFuture<'a, Result<Settled, StoreError>> {
-        self.inner.release(id, fence, now)
-    }
-    fn get<'a>(
-        &'a self,
-        id: &'a RecordId,
-        now: Timestamp,
-    ) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
-        self.inner.get(id, now)
-    }
-    fn purge_expired(
-        &self,
-        now: Timestamp,
-        limit: usize,
-    ) -> BoxFuture<'_, Result<usize, StoreError>> {
-        self.inner.purge_expired(now, limit)
-    }
-    fn list_stale<'a>(
-        &'a self,
-        now: Timestamp,
-        after: Option<&'a StaleCursor>,
-        limit: usize,
-    ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>> {
-        self.inner.list_stale(now, after, limit)
-    }
-    fn find_by_key<'a>(
-        &'a self,
-        scope: &'a Scope,
-        key: &'a Key,
-        now: Timestamp,
-        limit: usize,
-    ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>> {
-        self.inner.find_by_key(scope, key, now, limit)
-    }
+    })
 }
 
 /// Plain mode: the effect ran, then one `complete` failed (a store blip).
@@ -148,10 +94,7 @@ impl Store for CompleteFailsOnce {
 /// effect is not run again by a redelivery after the lease.
 #[tokio::test]
 async fn a_store_blip_after_the_effect_does_not_run_it_twice() {
-    let store = Arc::new(CompleteFailsOnce {
-        inner: MemoryStore::new(),
-        failures: AtomicU32::new(0),
-    });
+    let store = Arc::new(complete_fails_once());
     let c = consumer(store).policy(
         Policy::builder()
             .lease(Duration::from_millis(300))

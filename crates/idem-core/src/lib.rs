@@ -13,7 +13,9 @@
 //!   (canonical JSON) body;
 //! - [`Record`], [`Status`], [`Fence`], [`Policy`];
 //! - the [`Store`] trait and its state machine ([`transition`]);
-//! - [`MemoryStore`], sharded and lock-per-shard.
+//! - [`MemoryStore`], sharded and lock-per-shard;
+//! - [`decode`]: turning the plain values a durable store read back into
+//!   records and claim answers, the same way in every store.
 //!
 //! The conformance suite every store must pass is in the `idem-testkit`
 //! crate of this workspace (not published; a dev-dependency only).
@@ -61,6 +63,7 @@
 //! sleeping. See [`Timestamp`].
 
 mod canonical_json;
+pub mod decode;
 mod digest;
 mod fingerprint;
 pub mod header_names;

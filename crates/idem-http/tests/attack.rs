@@ -11,73 +11,25 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use idem_core::{
-    BoxFuture, Claim, ClaimRequest, Completion, Fence, Key, MemoryStore, Operation, Record,
-    RecordId, Scope, Settled, StaleCursor, Status, Store, StoreError, StoreErrorKind, Timestamp,
+    Key, MemoryStore, Operation, RecordId, Scope, Status, Store, StoreError, StoreErrorKind,
+    Timestamp,
 };
+use idem_testkit::{Fault, FaultyStore, StoreOp};
 use support::{key, spawn_app};
 
 /// A memory store whose next `fail` completions fail as unavailable.
-#[derive(Default)]
-struct LosesCompletions {
-    inner: MemoryStore,
-    fail: AtomicU32,
-}
-
-impl Store for LosesCompletions {
-    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>> {
-        self.inner.claim(req)
-    }
-    fn complete<'a>(
-        &'a self,
-        id: &'a RecordId,
-        fence: Fence,
-        c: Completion,
-        now: Timestamp,
-    ) -> BoxFuture<'a, Result<Settled, StoreError>> {
-        let failing = self
-            .fail
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok();
+fn loses_completions(fail: Arc<AtomicU32>) -> FaultyStore {
+    FaultyStore::with_faults(Arc::new(MemoryStore::new()), move |call| {
+        let failing = call.op == StoreOp::Complete
+            && fail
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
         if failing {
-            return Box::pin(async { Err(StoreError::new(StoreErrorKind::Unavailable, "blip")) });
+            Fault::Fail(StoreError::new(StoreErrorKind::Unavailable, "blip"))
+        } else {
+            Fault::Pass
         }
-        self.inner.complete(id, fence, c, now)
-    }
-    fn release<'a>(
-        &'a self,
-        id: &'a RecordId,
-        fence: Fence,
-        now: Timestamp,
-    ) -> BoxFuture<'a, Result<Settled, StoreError>> {
-        self.inner.release(id, fence, now)
-    }
-    fn get<'a>(
-        &'a self,
-        id: &'a RecordId,
-        now: Timestamp,
-    ) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
-        self.inner.get(id, now)
-    }
-    fn purge_expired(&self, now: Timestamp, n: usize) -> BoxFuture<'_, Result<usize, StoreError>> {
-        self.inner.purge_expired(now, n)
-    }
-    fn list_stale<'a>(
-        &'a self,
-        now: Timestamp,
-        after: Option<&'a StaleCursor>,
-        n: usize,
-    ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>> {
-        self.inner.list_stale(now, after, n)
-    }
-    fn find_by_key<'a>(
-        &'a self,
-        scope: &'a Scope,
-        key: &'a Key,
-        now: Timestamp,
-        n: usize,
-    ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>> {
-        self.inner.find_by_key(scope, key, now, n)
-    }
+    })
 }
 
 /// docs/contract.md, *Records and their state machine*: "a completed record is durable before its
@@ -88,18 +40,15 @@ impl Store for LosesCompletions {
 /// and the record stays in progress until recovery.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_success_leaves_only_with_its_record_when_the_store_recovers() {
-    let store = Arc::new(LosesCompletions::default());
+    let fail = Arc::new(AtomicU32::new(0));
+    let store = Arc::new(loses_completions(fail.clone()));
     let shared: Arc<dyn Store> = store.clone();
     let app = spawn_app(shared, |b| b.store_timeout(Duration::from_millis(200))).await;
     let k = key();
-    store.fail.store(4, Ordering::SeqCst);
+    fail.store(4, Ordering::SeqCst);
     let first = app.post("/orders", &k, "{}").send().await.unwrap().status();
     assert_eq!(first, 201);
-    assert_eq!(
-        store.fail.load(Ordering::SeqCst),
-        0,
-        "every failure was retried"
-    );
+    assert_eq!(fail.load(Ordering::SeqCst), 0, "every failure was retried");
     let id = RecordId::new(
         Scope::anonymous(),
         Operation::new("POST", "/orders"),

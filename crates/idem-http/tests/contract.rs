@@ -12,8 +12,9 @@ use std::time::Duration;
 
 use idem_core::{Concurrency, Policy, Store};
 use idem_http::{KeyRequirement, RouteRule, ScopeSource};
+use idem_testkit::FaultyStore;
 use reqwest::StatusCode;
-use support::{App, SwitchStore, key, spawn_app};
+use support::{App, key, spawn_app};
 
 async fn problem(resp: reqwest::Response, status: StatusCode, kind: &str) -> serde_json::Value {
     assert_eq!(resp.status(), status);
@@ -386,7 +387,7 @@ async fn optional_routes_pass_keyless_requests(store: Arc<dyn Store>) {
 /// anything the store would not: other parameters, another caller, another
 /// key all go to the store.
 async fn repeated_replays_come_from_memory_and_keep_the_contract(store: Arc<dyn Store>) {
-    let switch = Arc::new(SwitchStore::new(store));
+    let switch = Arc::new(FaultyStore::new(store));
     let app = spawn_app(switch.clone(), |b| b).await;
     let k = key();
     let send = |body: &'static str, who: &'static str| {
@@ -448,7 +449,7 @@ async fn repeated_replays_come_from_memory_and_keep_the_contract(store: Arc<dyn 
 /// With the cache off, a replay needs the store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_replay_cache_every_replay_reads_the_store() {
-    let switch = Arc::new(SwitchStore::new(Arc::new(idem_core::MemoryStore::new())));
+    let switch = Arc::new(FaultyStore::new(Arc::new(idem_core::MemoryStore::new())));
     let app = spawn_app(switch.clone(), |b| b.replay_cache(0)).await;
     let k = key();
     for _ in 0..2 {
@@ -501,7 +502,7 @@ every_store!(memory, sqlite, postgres, redis);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_that_is_down_gives_503_and_runs_nothing() {
-    let app = spawn_app(Arc::new(SwitchStore::down()), |b| b).await;
+    let app = spawn_app(Arc::new(FaultyStore::unavailable()), |b| b).await;
     let resp = app.post("/orders", &key(), "{}").send().await.unwrap();
     assert_eq!(resp.headers()["retry-after"], "1");
     problem(resp, StatusCode::SERVICE_UNAVAILABLE, "store-unavailable").await;

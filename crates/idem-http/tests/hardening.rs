@@ -13,7 +13,8 @@ use idem_core::{
     Claim, ClaimRequest, Concurrency, FieldSelection, Fingerprint, Key, MemoryStore, Operation,
     Policy, RecordId, Scope, Store,
 };
-use support::{StalledStore, key, spawn_app};
+use idem_testkit::FaultyStore;
+use support::{key, spawn_app};
 
 /// Wait mode: every keyed request subscribes to its record's notifier;
 /// none of those entries may outlive the request (item 6).
@@ -52,7 +53,7 @@ async fn wait_mode_leaves_no_waiter_entries_behind() {
 /// and the handler never runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_store_answers_503_at_its_deadline() {
-    let app = spawn_app(Arc::new(StalledStore), |b| {
+    let app = spawn_app(Arc::new(FaultyStore::stalled()), |b| {
         b.store_timeout(Duration::from_millis(200))
     })
     .await;

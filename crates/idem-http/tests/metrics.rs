@@ -28,7 +28,7 @@ async fn outcomes_are_counted_and_keys_never_labelled() {
     app.post("/orders", "short", "{}").send().await.unwrap(); // invalid_key
     app.post("/status/503", &key(), "{}").send().await.unwrap(); // released
     // A claim that runs out of time is timed too, at its deadline.
-    let stalled = spawn_app(Arc::new(support::StalledStore), |b| {
+    let stalled = spawn_app(Arc::new(idem_testkit::FaultyStore::stalled()), |b| {
         b.store_timeout(std::time::Duration::from_millis(150))
     })
     .await;

@@ -1,7 +1,7 @@
 //! The replay cache under attack, over real HTTP: a copy kept in memory may
 //! answer only what the store would answer with the same record. Each test
 //! warms the cache (an execution, then one replay from the store), takes the
-//! store down (`SwitchStore`), and sends variants: whatever the cache does
+//! store down (`FaultyStore`), and sends variants: whatever the cache does
 //! not answer reaches the store and gets 503, so a variant answered while
 //! the store is down was answered from memory.
 
@@ -17,8 +17,9 @@ use idem_core::{
     Store,
 };
 use idem_http::RouteRule;
+use idem_testkit::FaultyStore;
 use reqwest::{Method, StatusCode};
-use support::{App, SwitchStore, key, spawn_app};
+use support::{App, key, spawn_app};
 
 async fn problem_kind(resp: reqwest::Response) -> (StatusCode, String) {
     let status = resp.status();
@@ -70,7 +71,7 @@ async fn assert_replay(resp: reqwest::Response, status: StatusCode, body: &str) 
 /// written as an sf-string (`"..."`) is the same key (docs/contract.md), so
 /// it is a replay either way.
 async fn variants_of_a_replayed_request_never_come_from_memory(store: Arc<dyn Store>) {
-    let switch = Arc::new(SwitchStore::new(store));
+    let switch = Arc::new(FaultyStore::new(store));
     let app = spawn_app(switch.clone(), |b| {
         b.route(RouteRule::post("/status/{code}").method(Method::PUT))
     })
@@ -215,8 +216,8 @@ macro_rules! every_store {
 
 every_store!(memory, sqlite, postgres, redis);
 
-fn memory() -> Arc<SwitchStore> {
-    Arc::new(SwitchStore::new(Arc::new(MemoryStore::new())))
+fn memory() -> Arc<FaultyStore> {
+    Arc::new(FaultyStore::new(Arc::new(MemoryStore::new())))
 }
 
 /// A `failed` record (a deterministic 4xx) and a record whose response was
@@ -349,7 +350,7 @@ async fn version_1_records_replay_right_with_the_cache_on() {
     let id = RecordId::new(Scope::anonymous(), op.clone(), Key::new(k.clone()).unwrap());
     let v1 = Fingerprint::compute_v1(&op, Some("application/json"), body, &FieldSelection::Whole);
     support::complete_as_an_old_release(&*inner, &id, v1).await;
-    let switch = Arc::new(SwitchStore::new(inner));
+    let switch = Arc::new(FaultyStore::new(inner));
     let app = spawn_app(switch.clone(), |b| b).await;
     for _ in 0..3 {
         let r = app

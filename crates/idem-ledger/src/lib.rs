@@ -13,6 +13,11 @@
 //! It runs on SQLite by default and on PostgreSQL when given a
 //! `postgres://` URL. `idem demo` drives it under injected faults.
 //!
+//! The transfer is written once, here (`execute_transfer`: its checks, its
+//! steps and its answers); each backend's module implements only the
+//! transfer's few statements (`TransferStatements`: SQL text and driver
+//! calls) and hands the transfer to its store's atomic mode.
+//!
 //! It is part of the product's demo, not a library to build on: `idem demo`
 //! runs it (the `idem` binary, package `idem-cli`, depends on it, which is
 //! why it is published), and it is the worked example of atomic mode that
@@ -177,7 +182,7 @@ pub(crate) fn committed(t: &Transfer) -> Completion {
 
 /// The record of a transfer refused whatever the balances (a message that
 /// skipped the HTTP check): deterministic, replayed.
-pub(crate) fn refused_invalid(why: &str) -> Completion {
+fn refused_invalid(why: &str) -> Completion {
     Completion::failed(
         Problem::new(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -190,7 +195,7 @@ pub(crate) fn refused_invalid(why: &str) -> Completion {
 }
 
 /// The response and record of a refusal for funds: deterministic, replayed.
-pub(crate) fn insufficient(balance: i64, req: &TransferRequest) -> Completion {
+fn insufficient(balance: i64, req: &TransferRequest) -> Completion {
     Completion::failed(
         Problem::new(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -203,6 +208,92 @@ pub(crate) fn insufficient(balance: i64, req: &TransferRequest) -> Completion {
         )
         .to_stored(),
     )
+}
+
+/// What a transfer found when it locked its two accounts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LockedAccounts {
+    /// The debited account's balance; `None` when there is no such account.
+    pub(crate) debited_balance: Option<i64>,
+    /// Whether both the debited and the credited account exist.
+    pub(crate) both_exist: bool,
+}
+
+/// The statements of a transfer on one backend, run on its connection
+/// inside the transaction that also completes the idempotency record.
+/// A backend implements these and nothing else of the transfer: which
+/// statements run, in what order, and what the ledger answers are
+/// [`execute_transfer`]'s, written once for every backend.
+pub(crate) trait TransferStatements {
+    /// The driver's error.
+    type Error;
+
+    /// Reads the two accounts, locking their rows (in one fixed order, so
+    /// that concurrent transfers between the same pair cannot deadlock)
+    /// where the database locks rows.
+    async fn lock_accounts(
+        &mut self,
+        debited: &str,
+        credited: &str,
+    ) -> Result<LockedAccounts, Self::Error>;
+
+    /// Adds `amount` to `account`'s balance (a negative amount debits it).
+    async fn add_to_balance(&mut self, account: &str, amount: i64) -> Result<(), Self::Error>;
+
+    /// Inserts the row of transfer `req`, made under idempotency key
+    /// `key`, and returns the row's id.
+    async fn insert_transfer(
+        &mut self,
+        key: &str,
+        req: &TransferRequest,
+    ) -> Result<i64, Self::Error>;
+}
+
+/// The transfer `req` under idempotency key `key`, on `statements`, and
+/// the record it completes: refused when invalid or short of funds (both
+/// deterministic, stored and replayed), otherwise the debit, the credit
+/// and the transfer's row. The caller commits it together with the record.
+pub(crate) async fn execute_transfer<S: TransferStatements>(
+    mut statements: S,
+    key: &str,
+    req: &TransferRequest,
+) -> Result<Completion, S::Error> {
+    if let Some(why) = req.invalid() {
+        return Ok(refused_invalid(why));
+    }
+    let accounts = statements.lock_accounts(&req.from, &req.to).await?;
+    let funded = accounts.both_exist && accounts.debited_balance.is_some_and(|b| b >= req.amount);
+    if !funded {
+        return Ok(insufficient(accounts.debited_balance.unwrap_or(0), req));
+    }
+    // `req.amount` is positive (`invalid` refused it otherwise): negating
+    // it cannot overflow.
+    statements.add_to_balance(&req.from, -req.amount).await?;
+    statements.add_to_balance(&req.to, req.amount).await?;
+    let id = statements.insert_transfer(key, req).await?;
+    Ok(committed(&Transfer {
+        id,
+        from: req.from.clone(),
+        to: req.to.clone(),
+        amount: req.amount,
+    }))
+}
+
+/// A transfer's record, with the response [`Ledger::transfer`] answers.
+pub(crate) fn with_response(completion: Completion) -> (StoredResponse, Completion) {
+    (completion.response.clone(), completion)
+}
+
+/// A transfer's record, with the body [`Ledger::transfer_claiming`]
+/// answers.
+pub(crate) fn with_body(completion: Completion) -> (Vec<u8>, Completion) {
+    (completion.response.body.clone(), completion)
+}
+
+/// Whether a transfer's record says it moved money, as
+/// [`Ledger::transfer_unrecorded`] answers.
+pub(crate) fn moved_money(completion: &Completion) -> bool {
+    completion.status() == idem_core::Status::Completed
 }
 
 fn problem(status: StatusCode, title: &'static str, detail: &str) -> Response {
@@ -330,6 +421,199 @@ pub(crate) fn outcome<E>(a: Atomic<StoredResponse, E>) -> Result<Outcome, E> {
         Atomic::Committed(r) => Ok(Outcome::Done(r)),
         Atomic::Failed(e) => Err(e),
         Atomic::StaleFence => Ok(Outcome::LostLease),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // a test: a panic is a failed assertion
+mod transfer_answers {
+    //! What [`execute_transfer`](super::execute_transfer) answers on each
+    //! backend, through the three ways in ([`Ledger::transfer`],
+    //! [`Ledger::transfer_claiming`], [`Ledger::transfer_unrecorded`]):
+    //! the same answers everywhere. Not the ledger under load
+    //! (`tests/ledger.rs`) nor its recovery (`tests/recovery.rs`).
+
+    use idem_core::{Atomic, Claim, ClaimedAtomically, Status, Store, Timestamp};
+    use idem_testkit::{request, unique_id};
+
+    use super::{Ledger, Outcome, TransferRequest};
+
+    fn transfer(from: &str, to: &str, amount: i64) -> TransferRequest {
+        TransferRequest {
+            from: from.into(),
+            to: to.into(),
+            amount,
+        }
+    }
+
+    /// The stored body of a transfer claimed and run under a new key.
+    async fn claimed_body<L: Ledger>(
+        ledger: &L,
+        key: &str,
+        req: TransferRequest,
+    ) -> serde_json::Value {
+        let claim = request(&unique_id(key), "{}", Timestamp::now());
+        match ledger.transfer_claiming(&claim, req).await.unwrap() {
+            ClaimedAtomically::Ran(Atomic::Committed(body)) => {
+                serde_json::from_slice(&body).unwrap()
+            }
+            ClaimedAtomically::Ran(Atomic::Failed(e)) => panic!("{key}: {e}"),
+            _ => panic!("{key}: not run"),
+        }
+    }
+
+    fn assert_refused(body: &serde_json::Value, problem: &str, detail: &str) {
+        assert_eq!(
+            body["type"],
+            format!("urn:idem-ledger:problem:{problem}"),
+            "{body}"
+        );
+        assert_eq!(body["status"], 422, "{body}");
+        assert_eq!(body["detail"], detail, "{body}");
+    }
+
+    async fn check<L: Ledger, S: Store>(ledger: &L, store: &S) {
+        ledger.seed(3, 100).await.unwrap();
+        let unrecorded = [
+            (transfer("acct-0", "acct-1", 30), true),
+            (transfer("acct-0", "acct-1", 71), false),
+            (transfer("acct-0", "acct-1", 70), true),
+            (transfer("acct-2", "nobody", 10), false),
+            (transfer("nobody", "acct-2", 10), false),
+            (transfer("acct-2", "acct-1", 0), false),
+            (transfer("acct-2", "acct-2", 10), false),
+        ];
+        for (n, (req, moved)) in unrecorded.into_iter().enumerate() {
+            let what = format!("{req:?}");
+            let key = format!("unrecorded-{n}");
+            assert_eq!(
+                ledger.transfer_unrecorded(&key, req).await.unwrap(),
+                moved,
+                "{what}"
+            );
+            assert_eq!(
+                ledger.transfers_with_key(&key).await.unwrap(),
+                i64::from(moved),
+                "{what}"
+            );
+        }
+        for (account, balance) in [
+            ("acct-0", Some(0)),
+            ("acct-1", Some(200)),
+            ("acct-2", Some(100)),
+            ("nobody", None),
+        ] {
+            assert_eq!(ledger.balance(account).await.unwrap(), balance, "{account}");
+        }
+
+        let made = claimed_body(ledger, "claimed-made", transfer("acct-1", "acct-2", 50)).await;
+        assert_eq!(
+            (&made["from"], &made["to"], &made["amount"]),
+            (&"acct-1".into(), &"acct-2".into(), &50.into()),
+            "{made}"
+        );
+        assert!(made["id"].is_i64(), "{made}");
+        assert_eq!(ledger.transfers_with_key("claimed-made").await.unwrap(), 1);
+        let short = claimed_body(ledger, "claimed-short", transfer("acct-0", "acct-1", 1)).await;
+        assert_refused(
+            &short,
+            "insufficient-funds",
+            "acct-0 holds 0; the transfer needs 1",
+        );
+        let no_payer =
+            claimed_body(ledger, "claimed-no-payer", transfer("nobody", "acct-1", 5)).await;
+        assert_refused(
+            &no_payer,
+            "insufficient-funds",
+            "nobody holds 0; the transfer needs 5",
+        );
+        let no_payee =
+            claimed_body(ledger, "claimed-no-payee", transfer("acct-1", "nobody", 5)).await;
+        assert_refused(
+            &no_payee,
+            "insufficient-funds",
+            "acct-1 holds 150; the transfer needs 5",
+        );
+        let invalid =
+            claimed_body(ledger, "claimed-invalid", transfer("acct-1", "acct-2", -5)).await;
+        assert_refused(
+            &invalid,
+            "invalid-transfer",
+            "amount must be positive and accounts distinct",
+        );
+
+        let id = unique_id("recorded");
+        let Claim::Acquired(lease) = store
+            .claim(&request(&id, "{}", Timestamp::now()))
+            .await
+            .unwrap()
+        else {
+            panic!("recorded: not acquired");
+        };
+        let Outcome::Done(answer) = ledger
+            .transfer(&id, lease.fence, transfer("acct-2", "acct-0", 25))
+            .await
+            .unwrap()
+        else {
+            panic!("recorded: lost its lease");
+        };
+        assert_eq!(answer.status, 201);
+        let body: serde_json::Value = serde_json::from_slice(&answer.body).unwrap();
+        let location = format!("/transfers/{}", body["id"]).into_bytes();
+        assert!(
+            answer
+                .headers
+                .iter()
+                .any(|(name, value)| name == "location" && *value == location),
+            "{:?}",
+            answer.headers
+        );
+        let record = store.get(&id, Timestamp::now()).await.unwrap().unwrap();
+        assert_eq!(record.status, Status::Completed);
+        assert_eq!(record.response.as_ref(), Some(&answer));
+
+        assert_eq!(ledger.total().await.unwrap(), 300);
+        assert_eq!(ledger.transfer_count().await.unwrap(), 4);
+        assert_eq!(ledger.balance("acct-0").await.unwrap(), Some(25));
+    }
+
+    #[tokio::test]
+    async fn on_sqlite() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = super::SqliteLedger::open(dir.path().join("ledger.db")).unwrap();
+        check(&ledger, ledger.store()).await;
+    }
+
+    #[cfg(feature = "postgres")]
+    #[tokio::test]
+    async fn on_postgres() {
+        let Some(url) = idem_testkit::backend_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL") else {
+            return;
+        };
+        let store = idem_postgres::PostgresStore::builder(url)
+            .schema(idem_testkit::unique_name("ledger"))
+            .connect()
+            .await
+            .unwrap();
+        let ledger = super::PostgresLedger::new(store.clone()).await.unwrap();
+        check(&ledger, &store).await;
+        store.drop_schema().await.unwrap();
+    }
+
+    #[cfg(feature = "mysql")]
+    #[tokio::test]
+    async fn on_mysql() {
+        let Some(url) = idem_testkit::backend_url("IDEM_TEST_MYSQL_URL", "MySQL") else {
+            return;
+        };
+        let store = idem_mysql::MysqlStore::builder(url)
+            .database(idem_testkit::unique_name("ledger"))
+            .connect()
+            .await
+            .unwrap();
+        let ledger = super::MysqlLedger::new(store.clone()).await.unwrap();
+        check(&ledger, &store).await;
+        store.drop_database().await.unwrap();
     }
 }
 

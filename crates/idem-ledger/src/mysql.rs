@@ -1,13 +1,13 @@
 //! The ledger on MySQL or MariaDB: the transfer runs inside the store's
 //! atomic transaction, which holds the record's row lock.
 
-use idem_core::{ClaimRequest, ClaimedAtomically, Completion, Fence, RecordId, StoreError};
+use idem_core::{ClaimRequest, ClaimedAtomically, Fence, RecordId, StoreError};
 use idem_mysql::{MysqlError, MysqlStore};
 use mysql_async::prelude::Queryable;
 
 use crate::{
-    Ledger, LedgerError, Outcome, Transfer, TransferRequest, committed, insufficient, outcome,
-    refused_invalid,
+    Ledger, LedgerError, LockedAccounts, Outcome, Transfer, TransferRequest, TransferStatements,
+    execute_transfer, moved_money, outcome, with_body, with_response,
 };
 
 /// The ledger in the store's MySQL database.
@@ -53,54 +53,70 @@ impl MysqlLedger {
     }
 }
 
-/// The transfer, on a connection inside a transaction.
-async fn apply<Q: Queryable>(
-    tx: &mut Q,
-    d: &str,
-    key: &str,
-    req: &TransferRequest,
-) -> Result<Completion, MysqlError> {
-    if let Some(why) = req.invalid() {
-        return Ok(refused_invalid(why));
+/// The transfer's statements on a connection inside a transaction, in
+/// the store's database.
+struct MysqlStatements<'a, Q> {
+    conn: &'a mut Q,
+    database: &'a str,
+}
+
+impl<'a, Q> MysqlStatements<'a, Q> {
+    fn new(conn: &'a mut Q, database: &'a str) -> Self {
+        MysqlStatements { conn, database }
     }
-    // Lock both accounts in a fixed order, so concurrent transfers between
-    // the same pair cannot deadlock.
-    let rows: Vec<(String, i64)> = tx
-        .exec(
-            format!(
-                "SELECT id, balance FROM {d}.accounts WHERE id IN (?, ?) ORDER BY id FOR UPDATE"
-            ),
-            (req.from.as_str(), req.to.as_str()),
-        )
-        .await?;
-    let balance = rows.iter().find(|(id, _)| *id == req.from).map(|(_, b)| *b);
-    if rows.len() != 2 || balance.is_none_or(|b| b < req.amount) {
-        return Ok(insufficient(balance.unwrap_or(0), req));
+}
+
+impl<Q: Queryable> TransferStatements for MysqlStatements<'_, Q> {
+    type Error = MysqlError;
+
+    async fn lock_accounts(
+        &mut self,
+        debited: &str,
+        credited: &str,
+    ) -> Result<LockedAccounts, MysqlError> {
+        let d = self.database;
+        let rows: Vec<(String, i64)> = self
+            .conn
+            .exec(
+                format!(
+                    "SELECT id, balance FROM {d}.accounts WHERE id IN (?, ?) ORDER BY id FOR UPDATE"
+                ),
+                (debited, credited),
+            )
+            .await?;
+        Ok(LockedAccounts {
+            debited_balance: rows.iter().find(|(id, _)| id == debited).map(|(_, b)| *b),
+            both_exist: rows.len() == 2,
+        })
     }
-    tx.exec_drop(
-        format!("UPDATE {d}.accounts SET balance = balance - ? WHERE id = ?"),
-        (req.amount, req.from.as_str()),
-    )
-    .await?;
-    tx.exec_drop(
-        format!("UPDATE {d}.accounts SET balance = balance + ? WHERE id = ?"),
-        (req.amount, req.to.as_str()),
-    )
-    .await?;
-    tx.exec_drop(
-        format!(
-            "INSERT INTO {d}.transfers (idem_key, from_acct, to_acct, amount) VALUES (?, ?, ?, ?)"
-        ),
-        (key, req.from.as_str(), req.to.as_str(), req.amount),
-    )
-    .await?;
-    let id: Option<i64> = tx.query_first("SELECT LAST_INSERT_ID()").await?;
-    Ok(committed(&Transfer {
-        id: id.unwrap_or_default(),
-        from: req.from.clone(),
-        to: req.to.clone(),
-        amount: req.amount,
-    }))
+
+    async fn add_to_balance(&mut self, account: &str, amount: i64) -> Result<(), MysqlError> {
+        let d = self.database;
+        self.conn
+            .exec_drop(
+                format!("UPDATE {d}.accounts SET balance = balance + ? WHERE id = ?"),
+                (amount, account),
+            )
+            .await
+    }
+
+    async fn insert_transfer(
+        &mut self,
+        key: &str,
+        req: &TransferRequest,
+    ) -> Result<i64, MysqlError> {
+        let d = self.database;
+        self.conn
+            .exec_drop(
+                format!(
+                    "INSERT INTO {d}.transfers (idem_key, from_acct, to_acct, amount) VALUES (?, ?, ?, ?)"
+                ),
+                (key, req.from.as_str(), req.to.as_str(), req.amount),
+            )
+            .await?;
+        let id: Option<i64> = self.conn.query_first("SELECT LAST_INSERT_ID()").await?;
+        Ok(id.unwrap_or_default())
+    }
 }
 
 impl Ledger for MysqlLedger {
@@ -127,8 +143,10 @@ impl Ledger for MysqlLedger {
             .store
             .complete_atomically(id, fence, move |tx| {
                 Box::pin(async move {
-                    let completion = apply(tx, &d, &key, &req).await?;
-                    Ok::<_, MysqlError>((completion.response.clone(), completion))
+                    let statements = MysqlStatements::new(tx, &d);
+                    execute_transfer(statements, &key, &req)
+                        .await
+                        .map(with_response)
                 })
             })
             .await?;
@@ -146,8 +164,10 @@ impl Ledger for MysqlLedger {
             .store
             .claim_and_complete_atomically(req, move |tx, _fence| {
                 Box::pin(async move {
-                    let completion = apply(tx, &d, &key, &transfer).await?;
-                    Ok::<_, MysqlError>((completion.response.body.clone(), completion))
+                    let statements = MysqlStatements::new(tx, &d);
+                    execute_transfer(statements, &key, &transfer)
+                        .await
+                        .map(with_body)
                 })
             })
             .await?;
@@ -164,9 +184,10 @@ impl Ledger for MysqlLedger {
             .pool()
             .start_transaction(mysql_async::TxOpts::default())
             .await?;
-        let completion = apply(&mut tx, self.store.database(), key, &req).await?;
+        let statements = MysqlStatements::new(&mut tx, self.store.database());
+        let completion = execute_transfer(statements, key, &req).await?;
         tx.commit().await?;
-        Ok(completion.status() == idem_core::Status::Completed)
+        Ok(moved_money(&completion))
     }
 
     async fn balance(&self, account: &str) -> Result<Option<i64>, LedgerError> {

@@ -1,13 +1,12 @@
 //! The ledger on PostgreSQL: the transfer runs inside the store's atomic
 //! transaction, which holds the record's row lock.
 
-use idem_core::Completion;
 use idem_core::{ClaimRequest, ClaimedAtomically, Fence, RecordId, StoreError};
 use idem_postgres::{GenericClient, PgError, PostgresStore};
 
 use crate::{
-    Ledger, LedgerError, Outcome, Transfer, TransferRequest, committed, insufficient, outcome,
-    refused_invalid,
+    Ledger, LedgerError, LockedAccounts, Outcome, Transfer, TransferRequest, TransferStatements,
+    execute_transfer, moved_money, outcome, with_body, with_response,
 };
 
 /// The ledger in the store's PostgreSQL schema.
@@ -59,54 +58,68 @@ impl PostgresLedger {
     }
 }
 
-async fn apply<C: GenericClient + Sync>(
-    tx: &C,
-    s: &str,
-    key: &str,
-    req: &TransferRequest,
-) -> Result<Completion, PgError> {
-    if let Some(why) = req.invalid() {
-        return Ok(refused_invalid(why));
+/// The transfer's statements on a client inside a transaction, in the
+/// store's schema.
+struct PgStatements<'a, C> {
+    client: &'a C,
+    schema: &'a str,
+}
+
+impl<'a, C> PgStatements<'a, C> {
+    fn new(client: &'a C, schema: &'a str) -> Self {
+        PgStatements { client, schema }
     }
-    // Lock both accounts in a fixed order, so concurrent transfers between
-    // the same pair cannot deadlock.
-    let rows = tx
-        .query(
-            &format!(
-                "SELECT id, balance FROM {s}.accounts WHERE id = ANY($1) ORDER BY id FOR UPDATE"
-            ),
-            &[&vec![req.from.clone(), req.to.clone()]],
-        )
-        .await?;
-    let balance = rows
-        .iter()
-        .find(|r| r.get::<_, String>(0) == req.from)
-        .map(|r| r.get::<_, i64>(1));
-    if rows.len() != 2 || balance.is_none_or(|b| b < req.amount) {
-        return Ok(insufficient(balance.unwrap_or(0), req));
+}
+
+impl<C: GenericClient + Sync> TransferStatements for PgStatements<'_, C> {
+    type Error = PgError;
+
+    async fn lock_accounts(
+        &mut self,
+        debited: &str,
+        credited: &str,
+    ) -> Result<LockedAccounts, PgError> {
+        let s = self.schema;
+        let rows = self
+            .client
+            .query(
+                &format!(
+                    "SELECT id, balance FROM {s}.accounts WHERE id = ANY($1) ORDER BY id FOR UPDATE"
+                ),
+                &[&vec![debited.to_owned(), credited.to_owned()]],
+            )
+            .await?;
+        Ok(LockedAccounts {
+            debited_balance: rows
+                .iter()
+                .find(|r| r.get::<_, String>(0) == debited)
+                .map(|r| r.get::<_, i64>(1)),
+            both_exist: rows.len() == 2,
+        })
     }
-    tx.execute(
-        &format!("UPDATE {s}.accounts SET balance = balance - $2 WHERE id = $1"),
-        &[&req.from, &req.amount],
-    )
-    .await?;
-    tx.execute(
-        &format!("UPDATE {s}.accounts SET balance = balance + $2 WHERE id = $1"),
-        &[&req.to, &req.amount],
-    )
-    .await?;
-    let row = tx
-        .query_one(
-            &format!("INSERT INTO {s}.transfers (idem_key, from_acct, to_acct, amount) VALUES ($1, $2, $3, $4) RETURNING id"),
-            &[&key, &req.from, &req.to, &req.amount],
-        )
-        .await?;
-    Ok(committed(&Transfer {
-        id: row.get(0),
-        from: req.from.clone(),
-        to: req.to.clone(),
-        amount: req.amount,
-    }))
+
+    async fn add_to_balance(&mut self, account: &str, amount: i64) -> Result<(), PgError> {
+        let s = self.schema;
+        self.client
+            .execute(
+                &format!("UPDATE {s}.accounts SET balance = balance + $2 WHERE id = $1"),
+                &[&account, &amount],
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn insert_transfer(&mut self, key: &str, req: &TransferRequest) -> Result<i64, PgError> {
+        let s = self.schema;
+        let row = self
+            .client
+            .query_one(
+                &format!("INSERT INTO {s}.transfers (idem_key, from_acct, to_acct, amount) VALUES ($1, $2, $3, $4) RETURNING id"),
+                &[&key, &req.from, &req.to, &req.amount],
+            )
+            .await?;
+        Ok(row.get(0))
+    }
 }
 
 impl Ledger for PostgresLedger {
@@ -140,8 +153,10 @@ impl Ledger for PostgresLedger {
             .store
             .complete_atomically(id, fence, move |tx| {
                 Box::pin(async move {
-                    let completion = apply(tx, &s, &key, &req).await?;
-                    Ok::<_, PgError>((completion.response.clone(), completion))
+                    let statements = PgStatements::new(tx, &s);
+                    execute_transfer(statements, &key, &req)
+                        .await
+                        .map(with_response)
                 })
             })
             .await?;
@@ -159,8 +174,10 @@ impl Ledger for PostgresLedger {
             .store
             .claim_and_complete_atomically(req, move |tx, _fence| {
                 Box::pin(async move {
-                    let completion = apply(tx, &s, &key, &transfer).await?;
-                    Ok::<_, PgError>((completion.response.body.clone(), completion))
+                    let statements = PgStatements::new(tx, &s);
+                    execute_transfer(statements, &key, &transfer)
+                        .await
+                        .map(with_body)
                 })
             })
             .await?;
@@ -179,9 +196,10 @@ impl Ledger for PostgresLedger {
             ))
         })?;
         let tx = client.transaction().await?;
-        let completion = apply(&tx, self.store.schema(), key, &req).await?;
+        let statements = PgStatements::new(&tx, self.store.schema());
+        let completion = execute_transfer(statements, key, &req).await?;
         tx.commit().await?;
-        Ok(completion.status() == idem_core::Status::Completed)
+        Ok(moved_money(&completion))
     }
 
     async fn balance(&self, account: &str) -> Result<Option<i64>, LedgerError> {

@@ -1,17 +1,18 @@
 //! The ledger on SQLite: the transfer runs on the store's writer thread,
 //! inside its group-commit transaction.
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
 
-use idem_core::Completion;
-use idem_core::{ClaimRequest, ClaimedAtomically, Fence, RecordId, StoreError};
+use idem_core::{ClaimRequest, ClaimedAtomically, Completion, Fence, RecordId, StoreError};
 use idem_sqlite::SqliteStore;
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::{
-    Ledger, LedgerError, Outcome, Transfer, TransferRequest, committed, insufficient, outcome,
-    refused_invalid,
+    Ledger, LedgerError, LockedAccounts, Outcome, Transfer, TransferRequest, TransferStatements,
+    execute_transfer, moved_money, outcome, with_body, with_response,
 };
 
 const SCHEMA: &str = "
@@ -79,46 +80,71 @@ impl SqliteLedger {
     }
 }
 
-/// The transfer itself, on the writer's connection.
-fn apply(conn: &Connection, key: &str, req: &TransferRequest) -> rusqlite::Result<Completion> {
-    if let Some(why) = req.invalid() {
-        return Ok(refused_invalid(why));
-    }
-    let balance: Option<i64> = conn
-        .query_row(
-            "SELECT balance FROM accounts WHERE id = ?1",
-            [&req.from],
-            |r| r.get(0),
-        )
-        .optional()?;
-    let to_exists: Option<i64> = conn
-        .query_row("SELECT 1 FROM accounts WHERE id = ?1", [&req.to], |r| {
-            r.get(0)
+/// The transfer's statements on a connection inside a transaction.
+struct SqliteStatements<'c>(&'c Connection);
+
+impl TransferStatements for SqliteStatements<'_> {
+    type Error = rusqlite::Error;
+
+    async fn lock_accounts(
+        &mut self,
+        debited: &str,
+        credited: &str,
+    ) -> rusqlite::Result<LockedAccounts> {
+        // The transaction holds SQLite's one write lock: no row locks.
+        let debited_balance: Option<i64> = self
+            .0
+            .query_row(
+                "SELECT balance FROM accounts WHERE id = ?1",
+                [debited],
+                |r| r.get(0),
+            )
+            .optional()?;
+        let credited_exists: Option<i64> = self
+            .0
+            .query_row("SELECT 1 FROM accounts WHERE id = ?1", [credited], |r| {
+                r.get(0)
+            })
+            .optional()?;
+        Ok(LockedAccounts {
+            debited_balance,
+            both_exist: debited_balance.is_some() && credited_exists.is_some(),
         })
-        .optional()?;
-    match (balance, to_exists) {
-        (Some(b), Some(_)) if b >= req.amount => {
-            conn.execute(
-                "UPDATE accounts SET balance = balance - ?2 WHERE id = ?1",
-                params![req.from, req.amount],
-            )?;
-            conn.execute(
-                "UPDATE accounts SET balance = balance + ?2 WHERE id = ?1",
-                params![req.to, req.amount],
-            )?;
-            conn.execute(
-                "INSERT INTO transfers (idem_key, from_acct, to_acct, amount) VALUES (?1, ?2, ?3, ?4)",
-                params![key, req.from, req.to, req.amount],
-            )?;
-            let t = Transfer {
-                id: conn.last_insert_rowid(),
-                from: req.from.clone(),
-                to: req.to.clone(),
-                amount: req.amount,
-            };
-            Ok(committed(&t))
-        }
-        (b, _) => Ok(insufficient(b.unwrap_or(0), req)),
+    }
+
+    async fn add_to_balance(&mut self, account: &str, amount: i64) -> rusqlite::Result<()> {
+        self.0.execute(
+            "UPDATE accounts SET balance = balance + ?2 WHERE id = ?1",
+            params![account, amount],
+        )?;
+        Ok(())
+    }
+
+    async fn insert_transfer(&mut self, key: &str, req: &TransferRequest) -> rusqlite::Result<i64> {
+        self.0.execute(
+            "INSERT INTO transfers (idem_key, from_acct, to_acct, amount) VALUES (?1, ?2, ?3, ?4)",
+            params![key, req.from, req.to, req.amount],
+        )?;
+        Ok(self.0.last_insert_rowid())
+    }
+}
+
+/// The transfer, on the writer's connection (or the reader's, for
+/// [`Ledger::transfer_unrecorded`]) inside its transaction.
+fn transfer_on(
+    conn: &Connection,
+    key: &str,
+    req: &TransferRequest,
+) -> rusqlite::Result<Completion> {
+    // rusqlite is synchronous: every statement's future is ready when first
+    // polled, and so is the transfer's, which awaits nothing else.
+    let transfer = std::pin::pin!(execute_transfer(SqliteStatements(conn), key, req));
+    match transfer.poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(done) => done,
+        Poll::Pending => Err(rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_MISUSE),
+            Some("the ledger's SQLite transfer waited, which it never should".into()),
+        )),
     }
 }
 
@@ -157,8 +183,7 @@ impl Ledger for SqliteLedger {
         let done = self
             .store
             .complete_atomically(id, fence, move |conn| {
-                let completion = apply(conn, &key, &req)?;
-                Ok::<_, rusqlite::Error>((completion.response.clone(), completion))
+                transfer_on(conn, &key, &req).map(with_response)
             })
             .await?;
         Ok(outcome(done)?)
@@ -173,8 +198,7 @@ impl Ledger for SqliteLedger {
         let out = self
             .store
             .claim_and_complete_atomically(req, move |conn, _fence| {
-                let completion = apply(conn, &key, &transfer)?;
-                Ok::<_, rusqlite::Error>((completion.response.body.clone(), completion))
+                transfer_on(conn, &key, &transfer).map(with_body)
             })
             .await?;
         Ok(out.map_failed(LedgerError::from))
@@ -190,9 +214,7 @@ impl Ledger for SqliteLedger {
         // one IMMEDIATE transaction, committed and synced.
         self.read(move |c| {
             c.execute_batch("PRAGMA synchronous = FULL; BEGIN IMMEDIATE")?;
-            let done = apply(c, &key, &req)
-                .map(|completion| completion.status() == idem_core::Status::Completed);
-            match done {
+            match transfer_on(c, &key, &req).map(|completion| moved_money(&completion)) {
                 Ok(moved) => {
                     c.execute_batch("COMMIT")?;
                     Ok(moved)

@@ -3,26 +3,28 @@
 //! statements, and prints the ratios. Needs `IDEM_TEST_MYSQL_URL`;
 //! `IDEM_BENCH_POOL` sets the pool size (default 16).
 
-use std::sync::Arc;
-
 use idem_mysql::MysqlStore;
+use idem_testkit::store_bench::PairRateBench;
 
-fn main() {
-    let Some(url) = idem_testkit::backend_url("IDEM_TEST_MYSQL_URL", "MySQL") else {
-        return;
-    };
-    let pool: usize = std::env::var("IDEM_BENCH_POOL")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(16);
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    rt.block_on(async {
-        let store = MysqlStore::builder(&url)
+/// The benchmark's store: the `idem_bench` database, which the script
+/// drops before and after.
+struct MysqlBench;
+
+impl PairRateBench for MysqlBench {
+    type Store = MysqlStore;
+    const URL_VAR: &'static str = "IDEM_TEST_MYSQL_URL";
+    const SERVER: &'static str = "MySQL";
+
+    async fn open(url: &str, pool_size: usize) -> MysqlStore {
+        MysqlStore::builder(url)
             .database("idem_bench")
-            .pool_size(pool)
+            .pool_size(pool_size)
             .connect()
             .await
-            .expect("connect");
-        idem_testkit::print_pair_rates(Arc::new(store)).await;
-    });
+            .expect("connect")
+    }
+}
+
+fn main() {
+    MysqlBench::run();
 }

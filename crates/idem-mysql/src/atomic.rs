@@ -124,8 +124,7 @@ impl MysqlStore {
                 }
                 Err(e) => return Err(my_error("claiming", e)),
                 Ok(row) => {
-                    let row = row.ok_or_else(|| crate::error::corrupt("claim answer"))?;
-                    break (tx, row::claim_from_row(req, &row)?);
+                    break (tx, row::claim_from_row(req, row.as_ref())?);
                 }
             }
         };

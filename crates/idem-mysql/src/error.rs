@@ -1,5 +1,6 @@
 //! Mapping MySQL driver failures onto store error kinds.
 
+use idem_core::decode::CorruptValue;
 use idem_core::{StoreError, StoreErrorKind};
 
 /// Server error codes that mean "try again later": a lock wait timeout
@@ -29,10 +30,7 @@ pub(crate) fn is_deadlock(e: &mysql_async::Error) -> bool {
     matches!(e, mysql_async::Error::Server(server) if server.code == 1213)
 }
 
-/// A stored value that does not decode.
-pub(crate) fn corrupt(what: &str) -> StoreError {
-    StoreError::new(
-        StoreErrorKind::Corrupt,
-        format!("mysql store: stored {what} is corrupt"),
-    )
+/// A stored value that does not decode, as this store's `Corrupt` error.
+pub(crate) fn corrupt(value: CorruptValue) -> StoreError {
+    value.store_error("mysql")
 }

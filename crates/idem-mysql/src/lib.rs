@@ -222,8 +222,7 @@ impl Store for MysqlStore {
                     other => break other.map_err(|e| my_error("claiming", e))?,
                 }
             };
-            let row = row.ok_or_else(|| error::corrupt("claim answer"))?;
-            row::claim_from_row(req, &row)
+            row::claim_from_row(req, row.as_ref())
         })
     }
 

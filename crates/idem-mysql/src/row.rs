@@ -1,9 +1,10 @@
-//! Records and claims from result rows.
+//! Records and claims from result rows: reading the columns; decoding
+//! them is `idem_core::decode`'s.
 
-use idem_core::transition::{ClaimAnswer, ClaimCode, FinishedParts};
+use idem_core::decode::{self, ClaimColumns, CorruptValue, RecordColumns};
+use idem_core::transition::FinishedParts;
 use idem_core::{
-    Claim, ClaimRequest, Fence, Fingerprint, Key, Operation, Record, RecordId, Scope, Status,
-    StoreError, StoredResponse, Timestamp,
+    Claim, ClaimRequest, Key, Operation, Record, RecordId, Scope, StoreError, StoredResponse,
 };
 use mysql_async::Row;
 use mysql_async::prelude::FromValue;
@@ -11,37 +12,31 @@ use mysql_async::prelude::FromValue;
 use crate::error::corrupt;
 
 /// Column `i` of `row` as a `T`; a missing or undecodable value is corrupt.
-fn get<T: FromValue>(row: &Row, i: usize, what: &str) -> Result<T, StoreError> {
+fn get<T: FromValue>(row: &Row, i: usize, what: &'static str) -> Result<T, StoreError> {
     match row.get_opt::<T, usize>(i) {
         Some(Ok(v)) => Ok(v),
-        _ => Err(corrupt(what)),
+        _ => Err(corrupt(CorruptValue::new(what))),
     }
 }
 
-fn fence_from(v: i64) -> Result<Fence, StoreError> {
-    u64::try_from(v)
-        .map(Fence::new)
-        .map_err(|_| corrupt("fence"))
+/// Column `i` of `row` as text stored in bytes.
+fn text(row: &Row, i: usize, what: &'static str) -> Result<String, StoreError> {
+    decode::text(get(row, i, what)?, what).map_err(corrupt)
 }
 
-fn text(bytes: Vec<u8>, what: &str) -> Result<String, StoreError> {
-    String::from_utf8(bytes).map_err(|_| corrupt(what))
-}
-
-/// The claim from the row `idem_claim` returned for `req`.
-pub(crate) fn claim_from_row(req: &ClaimRequest, row: &Row) -> Result<Claim, StoreError> {
-    let outcome: i64 = get(row, 0, "claim outcome")?;
-    let lease_until: Option<i64> = get(row, 3, "lease end")?;
-    let answer = ClaimAnswer {
-        code: ClaimCode::from_code(outcome).ok_or_else(|| corrupt("claim outcome"))?,
-        fence: fence_from(get(row, 1, "fence")?)?,
-        created_at: Timestamp::from_millis(get(row, 2, "creation time")?),
-        lease_until: lease_until.map(Timestamp::from_millis),
-        expires_at: Timestamp::from_millis(get(row, 4, "expiry")?),
+/// The claim from the row `idem_claim` returned for `req` (none is a
+/// corrupt answer).
+pub(crate) fn claim_from_row(req: &ClaimRequest, row: Option<&Row>) -> Result<Claim, StoreError> {
+    let row = row.ok_or_else(|| corrupt(CorruptValue::new("claim answer")))?;
+    let answer = ClaimColumns {
+        code: get(row, 0, "claim outcome")?,
+        fence: get(row, 1, "fence")?,
+        created_at: get(row, 2, "creation time")?,
+        lease_until: get(row, 3, "lease end")?,
+        expires_at: get(row, 4, "expiry")?,
     };
     let finished = || {
-        let status: i64 = get(row, 5, "status")?;
-        let status = Status::from_code(status).ok_or_else(|| corrupt("status"))?;
+        let status = decode::status(get(row, 5, "status")?).map_err(corrupt)?;
         let (resource_id, response) = finished_parts(row)?;
         Ok(FinishedParts {
             status,
@@ -49,40 +44,32 @@ pub(crate) fn claim_from_row(req: &ClaimRequest, row: &Row) -> Result<Claim, Sto
             response,
         })
     };
-    answer.into_claim(req, finished, || corrupt("lease"))
+    answer.into_claim(req, finished, corrupt)
 }
 
 /// A record from a row of [`crate::schema::COLUMNS`].
 pub(crate) fn record_from_row(id: RecordId, row: &Row) -> Result<Record, StoreError> {
-    let fp: Vec<u8> = get(row, 0, "fingerprint")?;
-    let fingerprint = Fingerprint::from_slice(&fp).ok_or_else(|| corrupt("fingerprint"))?;
-    let status: i64 = get(row, 1, "status")?;
-    let status = Status::from_code(status).ok_or_else(|| corrupt("status"))?;
-    let fence = fence_from(get(row, 2, "fence")?)?;
-    let created_at = Timestamp::from_millis(get(row, 3, "creation time")?);
-    let lease_until: Option<i64> = get(row, 4, "lease end")?;
-    let expires_at = Timestamp::from_millis(get(row, 5, "expiry")?);
     let (resource_id, response) = finished_parts(row)?;
-    Ok(Record {
-        id,
-        fingerprint,
-        status,
-        fence,
-        created_at,
-        lease_until: lease_until.map(Timestamp::from_millis),
-        expires_at,
+    RecordColumns {
+        fingerprint: get(row, 0, "fingerprint")?,
+        status: get(row, 1, "status")?,
+        fence: get(row, 2, "fence")?,
+        created_at: get(row, 3, "creation time")?,
+        lease_until: get(row, 4, "lease end")?,
+        expires_at: get(row, 5, "expiry")?,
         resource_id,
         response,
-    })
+    }
+    .into_record(id)
+    .map_err(corrupt)
 }
 
 /// A record from a row of COLUMNS followed by `scope, operation,
 /// record_key` (the stale listing).
 pub(crate) fn record_with_id_from_row(row: &Row) -> Result<Record, StoreError> {
-    let scope = text(get(row, 10, "scope")?, "scope")?;
-    let operation = text(get(row, 11, "operation")?, "operation")?;
-    let key = text(get(row, 12, "key")?, "key")?;
-    let key = Key::new(key).map_err(|_| corrupt("key"))?;
+    let scope = text(row, 10, "scope")?;
+    let operation = text(row, 11, "operation")?;
+    let key = decode::key(text(row, 12, "key")?).map_err(corrupt)?;
     let id = RecordId::new(Scope::from_raw(scope), Operation::from_raw(operation), key);
     record_from_row(id, row)
 }
@@ -94,7 +81,7 @@ pub(crate) fn record_with_operation_from_row(
     key: &Key,
     row: &Row,
 ) -> Result<Record, StoreError> {
-    let operation = text(get(row, 10, "operation")?, "operation")?;
+    let operation = text(row, 10, "operation")?;
     let id = RecordId::new(scope.clone(), Operation::from_raw(operation), key.clone());
     record_from_row(id, row)
 }
@@ -103,18 +90,15 @@ pub(crate) fn record_with_operation_from_row(
 /// row and of a row of COLUMNS alike.
 fn finished_parts(row: &Row) -> Result<(Option<String>, Option<StoredResponse>), StoreError> {
     let resource_id: Option<Vec<u8>> = get(row, 6, "resource id")?;
-    let resource_id = resource_id.map(|r| text(r, "resource id")).transpose()?;
-    let status: Option<i64> = get(row, 7, "response status")?;
-    let headers: Option<Vec<u8>> = get(row, 8, "response headers")?;
-    let body: Option<Vec<u8>> = get(row, 9, "response body")?;
-    let Some(status) = status else {
-        return Ok((resource_id, None));
-    };
-    let response = StoredResponse {
-        status: u16::try_from(status).map_err(|_| corrupt("response status"))?,
-        headers: StoredResponse::decode_headers(&headers.unwrap_or_default())
-            .map_err(|_| corrupt("response headers"))?,
-        body: body.unwrap_or_default(),
-    };
-    Ok((resource_id, Some(response)))
+    let resource_id = resource_id
+        .map(|r| decode::text(r, "resource id"))
+        .transpose()
+        .map_err(corrupt)?;
+    let response = decode::optional_response(
+        get(row, 7, "response status")?,
+        get(row, 8, "response headers")?,
+        get(row, 9, "response body")?,
+    )
+    .map_err(corrupt)?;
+    Ok((resource_id, response))
 }

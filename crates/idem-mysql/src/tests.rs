@@ -1,51 +1,38 @@
 //! Tests against the MySQL or MariaDB named by `IDEM_TEST_MYSQL_URL`; each
 //! test gets a database of its own, dropped afterwards.
 
-use std::sync::atomic::{AtomicU32, Ordering};
-
-use idem_testkit::{CleanupOnDrop, Guarded};
+use idem_testkit::{CleanupOnDrop, IsolatedBackend, unique_name};
 
 use super::*;
 
-pub(crate) fn url() -> Option<String> {
-    idem_testkit::backend_url("IDEM_TEST_MYSQL_URL", "MySQL")
-}
+/// The MySQL or MariaDB at `IDEM_TEST_MYSQL_URL`; each store on a
+/// database of its own.
+struct TestMysql;
 
-pub(crate) fn database_name(tag: &str) -> String {
-    static N: AtomicU32 = AtomicU32::new(0);
-    format!(
-        "idem_t_{tag}_{}_{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
+impl IsolatedBackend for TestMysql {
+    type Store = MysqlStore;
+    const URL_VAR: &'static str = "IDEM_TEST_MYSQL_URL";
+    const SERVER: &'static str = "MySQL";
 
-async fn fresh(url: &str) -> Guarded<MysqlStore> {
-    let store = MysqlStore::builder(url)
-        .database(database_name("c"))
-        .pool_size(8)
-        .connect()
-        .await
-        .expect("connect to test mysql");
-    let dropper = store.clone();
-    Guarded::new(
-        store,
-        CleanupOnDrop::new(move || async move {
-            let _ = dropper.drop_database().await;
-        }),
-    )
+    async fn open(url: &str, name: &str) -> MysqlStore {
+        MysqlStore::builder(url)
+            .database(name)
+            .pool_size(8)
+            .connect()
+            .await
+            .expect("connect to test mysql")
+    }
+
+    async fn remove(store: MysqlStore) {
+        let _ = store.drop_database().await;
+    }
 }
 
 /// The conformance suite, each check on its own database.
 mod conformance {
     use super::*;
 
-    idem_testkit::conformance_tests!(optional async {
-        match url() {
-            Some(u) => Some(fresh(&u).await),
-            None => None,
-        }
-    });
+    idem_testkit::conformance_tests!(optional TestMysql::fresh_if_configured());
 }
 
 fn rt() -> tokio::runtime::Runtime {
@@ -56,9 +43,9 @@ fn rt() -> tokio::runtime::Runtime {
 /// claiming one key: exactly one acquires.
 #[test]
 fn cross_instance_race_has_one_winner() {
-    let Some(url) = url() else { return };
+    let Some(url) = TestMysql::url() else { return };
     rt().block_on(async {
-        let a = fresh(&url).await;
+        let a = TestMysql::fresh(&url).await;
         let b = MysqlStore::builder(&url)
             .database(a.store().database())
             .pool_size(8)
@@ -73,9 +60,9 @@ fn cross_instance_race_has_one_winner() {
 /// succeed, and each migration is recorded once.
 #[test]
 fn concurrent_first_connects_migrate_once() {
-    let Some(url) = url() else { return };
+    let Some(url) = TestMysql::url() else { return };
     rt().block_on(async {
-        let database = database_name("m");
+        let database = unique_name("m");
         let connects: Vec<_> = (0..6)
             .map(|_| {
                 let (url, database) = (url.clone(), database.clone());
@@ -108,10 +95,10 @@ fn concurrent_first_connects_migrate_once() {
 /// `CONNECTION_ID()`) at read committed, strict, with bounded lock waits.
 #[test]
 fn pooled_connections_are_kept_with_their_settings() {
-    let Some(url) = url() else { return };
+    let Some(url) = TestMysql::url() else { return };
     rt().block_on(async {
         let store = MysqlStore::builder(&url)
-            .database(database_name("p"))
+            .database(unique_name("p"))
             .pool_size(1)
             .lock_wait_timeout(std::time::Duration::from_secs(3))
             .connect()
@@ -150,9 +137,9 @@ fn pooled_connections_are_kept_with_their_settings() {
 /// server: never truncated into another record's id.
 #[test]
 fn ids_longer_than_their_columns_are_refused() {
-    let Some(url) = url() else { return };
+    let Some(url) = TestMysql::url() else { return };
     rt().block_on(async {
-        let store = fresh(&url).await;
+        let store = TestMysql::fresh(&url).await;
         let base = idem_testkit::unique_id("long-value-key-01");
         for id in [
             RecordId::new(
@@ -267,17 +254,14 @@ mod atomic_mode {
         type Store = MysqlStore;
 
         async fn prepare() -> Option<Self> {
-            let url = url()?;
+            let url = TestMysql::url()?;
             let admin = MysqlStore::builder(&url)
-                .database(database_name("a"))
+                .database(unique_name("a"))
                 .pool_size(2)
                 .connect()
                 .await
                 .expect("connect to test mysql");
-            let dropper = admin.clone();
-            let cleanup = CleanupOnDrop::new(move || async move {
-                let _ = dropper.drop_database().await;
-            });
+            let cleanup = TestMysql::cleanup(&admin);
             let mut conn = admin.conn().await.unwrap();
             conn.query_drop(format!(
                 "CREATE TABLE {}.transfers (id BIGINT AUTO_INCREMENT PRIMARY KEY, \

@@ -3,26 +3,28 @@
 //! statements, and prints the ratios. Needs `IDEM_TEST_POSTGRES_URL`;
 //! `IDEM_BENCH_POOL` sets the pool size (default 16).
 
-use std::sync::Arc;
-
 use idem_postgres::PostgresStore;
+use idem_testkit::store_bench::PairRateBench;
 
-fn main() {
-    let Some(url) = idem_testkit::backend_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL") else {
-        return;
-    };
-    let pool: usize = std::env::var("IDEM_BENCH_POOL")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(16);
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    rt.block_on(async {
-        let store = PostgresStore::builder(&url)
+/// The benchmark's store: the `idem_bench` schema, which the script
+/// empties and reads.
+struct PostgresBench;
+
+impl PairRateBench for PostgresBench {
+    type Store = PostgresStore;
+    const URL_VAR: &'static str = "IDEM_TEST_POSTGRES_URL";
+    const SERVER: &'static str = "PostgreSQL";
+
+    async fn open(url: &str, pool_size: usize) -> PostgresStore {
+        PostgresStore::builder(url)
             .schema("idem_bench")
-            .pool_size(pool)
+            .pool_size(pool_size)
             .connect()
             .await
-            .expect("connect");
-        idem_testkit::print_pair_rates(Arc::new(store)).await;
-    });
+            .expect("connect")
+    }
+}
+
+fn main() {
+    PostgresBench::run();
 }

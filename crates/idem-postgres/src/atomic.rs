@@ -19,7 +19,7 @@ use idem_core::{
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 
-use crate::error::{pg_error, pool_error};
+use crate::error::{corrupt, pg_error, pool_error};
 use crate::{PostgresStore, Transaction, complete_with};
 
 impl PostgresStore {
@@ -111,8 +111,8 @@ impl PostgresStore {
     /// in the same round trip as the claim of a new key, and the completion
     /// is sent with the `COMMIT`, so a new key's record adds no round trip
     /// to the mutation's own statements once the connection has prepared
-    /// them (BENCHMARKS.md, message consumers); a key that has a record
-    /// costs one more, to judge it.
+    /// them (docs/benchmarks-history.md, message consumers); a key that
+    /// has a record costs one more, to judge it.
     ///
     /// The pipelining is guarded in the server, not by the order of
     /// answers: the claim inserts only inside the transaction `BEGIN`
@@ -321,7 +321,7 @@ fn acquired_from_insert(row: &tokio_postgres::Row) -> Result<Claim, StoreError> 
             .map_err(|e| pg_error("reading the claim", e))
     };
     Ok(Claim::Acquired(Lease {
-        fence: crate::row::fence_from(read(0)?)?,
+        fence: idem_core::decode::fence(read(0)?).map_err(corrupt)?,
         lease_until: Timestamp::from_millis(read(1)?),
         expires_at: Timestamp::from_millis(read(2)?),
         takeover: false,
@@ -334,8 +334,8 @@ impl PostgresStore {
     /// claims a key with no record (the common case: a new message) by a
     /// plain insert and comes here only when the insert found a row; both
     /// are the state machine's "no record: acquire" for a new key. The
-    /// insert skips the PL/pgSQL call and its lookup (BENCHMARKS.md,
-    /// message consumers).
+    /// insert skips the PL/pgSQL call and its lookup
+    /// (docs/benchmarks-history.md, message consumers).
     ///
     /// [`Store::claim`]: idem_core::Store::claim
     async fn judge(&self, client: &Client, req: &ClaimRequest) -> Result<Claim, StoreError> {

@@ -1,5 +1,6 @@
 //! Mapping PostgreSQL and pool failures onto store error kinds.
 
+use idem_core::decode::CorruptValue;
 use idem_core::{StoreError, StoreErrorKind};
 
 /// A tokio-postgres error: connection trouble and server shutdown or
@@ -35,10 +36,7 @@ pub(crate) fn pool_error(e: deadpool_postgres::PoolError) -> StoreError {
     .with_source(e)
 }
 
-/// A stored value that does not decode.
-pub(crate) fn corrupt(what: &str) -> StoreError {
-    StoreError::new(
-        StoreErrorKind::Corrupt,
-        format!("postgres store: stored {what} is corrupt"),
-    )
+/// A stored value that does not decode, as this store's `Corrupt` error.
+pub(crate) fn corrupt(value: CorruptValue) -> StoreError {
+    value.store_error("postgres")
 }

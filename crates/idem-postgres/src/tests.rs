@@ -1,53 +1,41 @@
 //! Tests against the PostgreSQL named by `IDEM_TEST_POSTGRES_URL`; each
 //! test gets a schema of its own, dropped afterwards.
 
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use idem_core::{Status, StoreErrorKind};
-use idem_testkit::{CleanupOnDrop, Guarded};
+use idem_testkit::{CleanupOnDrop, IsolatedBackend, unique_name};
 
 use super::*;
 
-pub(crate) fn url() -> Option<String> {
-    idem_testkit::backend_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL")
-}
+/// The PostgreSQL at `IDEM_TEST_POSTGRES_URL`; each store on a schema of
+/// its own.
+pub(crate) struct TestPostgres;
 
-pub(crate) fn schema_name(tag: &str) -> String {
-    static N: AtomicU32 = AtomicU32::new(0);
-    format!(
-        "idem_t_{tag}_{}_{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
+impl IsolatedBackend for TestPostgres {
+    type Store = PostgresStore;
+    const URL_VAR: &'static str = "IDEM_TEST_POSTGRES_URL";
+    const SERVER: &'static str = "PostgreSQL";
 
-async fn fresh(url: &str) -> Guarded<PostgresStore> {
-    let store = PostgresStore::builder(url)
-        .schema(schema_name("c"))
-        .pool_size(8)
-        .connect()
-        .await
-        .expect("connect to test postgres");
-    let dropper = store.clone();
-    Guarded::new(
-        store,
-        CleanupOnDrop::new(move || async move {
-            let _ = dropper.drop_schema().await;
-        }),
-    )
+    async fn open(url: &str, name: &str) -> PostgresStore {
+        PostgresStore::builder(url)
+            .schema(name)
+            .pool_size(8)
+            .connect()
+            .await
+            .expect("connect to test postgres")
+    }
+
+    async fn remove(store: PostgresStore) {
+        let _ = store.drop_schema().await;
+    }
 }
 
 /// The conformance suite, each check on its own schema.
 mod conformance {
     use super::*;
 
-    idem_testkit::conformance_tests!(optional async {
-        match url() {
-            Some(u) => Some(fresh(&u).await),
-            None => None,
-        }
-    });
+    idem_testkit::conformance_tests!(optional TestPostgres::fresh_if_configured());
 }
 
 use idem_testkit::{request, response, t0, unique_id};
@@ -60,9 +48,11 @@ fn rt() -> tokio::runtime::Runtime {
 /// claiming one key: exactly one acquires.
 #[test]
 fn cross_instance_race_has_one_winner() {
-    let Some(url) = url() else { return };
+    let Some(url) = TestPostgres::url() else {
+        return;
+    };
     rt().block_on(async {
-        let a = fresh(&url).await;
+        let a = TestPostgres::fresh(&url).await;
         let b = PostgresStore::builder(&url)
             .schema(a.store().schema())
             .pool_size(8)
@@ -77,9 +67,11 @@ fn cross_instance_race_has_one_winner() {
 /// succeed, and the migration is recorded once.
 #[test]
 fn concurrent_first_connects_migrate_once() {
-    let Some(url) = url() else { return };
+    let Some(url) = TestPostgres::url() else {
+        return;
+    };
     rt().block_on(async {
-        let schema = schema_name("m");
+        let schema = unique_name("m");
         let connects: Vec<_> = (0..6)
             .map(|_| {
                 let (url, schema) = (url.clone(), schema.clone());
@@ -114,9 +106,11 @@ fn concurrent_first_connects_migrate_once() {
 /// connect; its records are kept and found by key afterwards.
 #[test]
 fn a_version_2_schema_is_migrated_on_connect() {
-    let Some(url) = url() else { return };
+    let Some(url) = TestPostgres::url() else {
+        return;
+    };
     rt().block_on(async {
-        let old = fresh(&url).await;
+        let old = TestPostgres::fresh(&url).await;
         let schema = old.store().schema().to_owned();
         let id = unique_id("pg-migrate-v2-01");
         assert!(matches!(
@@ -188,9 +182,11 @@ fn bad_urls_and_schema_names_are_setup_errors() {
 /// once and never fail on each other's locks.
 #[test]
 fn concurrent_purges_share_the_work() {
-    let Some(url) = url() else { return };
+    let Some(url) = TestPostgres::url() else {
+        return;
+    };
     rt().block_on(async {
-        let a = fresh(&url).await;
+        let a = TestPostgres::fresh(&url).await;
         let store = a.store().clone();
         for i in 0..300 {
             let id = unique_id(&format!("purge-many-{i:06}"));
@@ -284,17 +280,14 @@ mod atomic_mode {
         type Store = PostgresStore;
 
         async fn prepare() -> Option<Self> {
-            let url = url()?;
+            let url = TestPostgres::url()?;
             let admin = PostgresStore::builder(&url)
-                .schema(schema_name("a"))
+                .schema(unique_name("a"))
                 .pool_size(2)
                 .connect()
                 .await
                 .expect("connect to test postgres");
-            let dropper = admin.clone();
-            let cleanup = CleanupOnDrop::new(move || async move {
-                let _ = dropper.drop_schema().await;
-            });
+            let cleanup = TestPostgres::cleanup(&admin);
             admin
                 .pool()
                 .get()
@@ -421,9 +414,11 @@ const BOUND: Duration = Duration::from_secs(20);
 /// lock is released.
 #[test]
 fn a_call_blocked_past_the_statement_timeout_is_unavailable() {
-    let Some(url) = url() else { return };
+    let Some(url) = TestPostgres::url() else {
+        return;
+    };
     rt().block_on(async {
-        let g = fresh(&url).await;
+        let g = TestPostgres::fresh(&url).await;
         let s = g.store().schema().to_owned();
         let store = PostgresStore::builder(&url)
             .schema(&s)
@@ -489,9 +484,11 @@ fn a_call_blocked_past_the_statement_timeout_is_unavailable() {
 /// after the pool's wait instead of hanging, and works once one is back.
 #[test]
 fn an_exhausted_pool_is_unavailable_after_the_wait() {
-    let Some(url) = url() else { return };
+    let Some(url) = TestPostgres::url() else {
+        return;
+    };
     rt().block_on(async {
-        let g = fresh(&url).await;
+        let g = TestPostgres::fresh(&url).await;
         let store = PostgresStore::builder(&url)
             .schema(g.store().schema())
             .pool_size(1)

@@ -6,7 +6,9 @@ use idem_core::StoreErrorKind;
 use idem_testkit::tls::TestCa;
 
 use crate::PostgresStore;
-use crate::tests::{schema_name, url};
+use idem_testkit::{IsolatedBackend, unique_name};
+
+use crate::tests::TestPostgres;
 
 /// `url` with one more query parameter.
 fn with(url: &str, param: &str) -> String {
@@ -19,7 +21,7 @@ fn with(url: &str, param: &str) -> String {
 /// must be on: the machine's PostgreSQL has `ssl = on`.
 async fn server_certificate(url: &str) -> Option<Vec<u8>> {
     let store = PostgresStore::builder(with(url, "sslmode=disable"))
-        .schema(schema_name("tlsprobe"))
+        .schema(unique_name("tlsprobe"))
         .connect()
         .await
         .expect("connect without TLS");
@@ -55,7 +57,7 @@ async fn connect(
     ca: Option<&[u8]>,
 ) -> Result<bool, idem_core::StoreError> {
     let mut builder =
-        PostgresStore::builder(with(url, &format!("sslmode={sslmode}"))).schema(schema_name("tls"));
+        PostgresStore::builder(with(url, &format!("sslmode={sslmode}"))).schema(unique_name("tls"));
     if let Some(ca) = ca {
         builder = builder.ca_pem(ca);
     }
@@ -76,7 +78,9 @@ async fn connect(
 
 #[test]
 fn each_sslmode_encrypts_and_checks_as_libpq_does() {
-    let Some(url) = url() else { return };
+    let Some(url) = TestPostgres::url() else {
+        return;
+    };
     idem_testkit::runtime().block_on(async {
         let Some(server_cert) = server_certificate(&url).await else {
             return;

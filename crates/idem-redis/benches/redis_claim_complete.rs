@@ -2,22 +2,31 @@
 //! tasks. `bench/redis.sh` runs it beside redis-benchmark sending the same
 //! scripts, and prints the ratios. Needs `IDEM_TEST_REDIS_URL`.
 
-use std::sync::Arc;
-
 use idem_redis::RedisStore;
+use idem_testkit::store_bench::PairRateBench;
 
-fn main() {
-    let Some(url) = idem_testkit::backend_url("IDEM_TEST_REDIS_URL", "Redis") else {
-        return;
-    };
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    rt.block_on(async {
-        let store = RedisStore::builder(&url)
+/// The benchmark's store: the `idem-bench` key prefix, deleted afterwards.
+/// One multiplexed connection: no pool.
+struct RedisBench;
+
+impl PairRateBench for RedisBench {
+    type Store = RedisStore;
+    const URL_VAR: &'static str = "IDEM_TEST_REDIS_URL";
+    const SERVER: &'static str = "Redis";
+
+    async fn open(url: &str, _pool_size: usize) -> RedisStore {
+        RedisStore::builder(url)
             .prefix("idem-bench")
             .connect()
             .await
-            .expect("connect");
-        idem_testkit::print_pair_rates(Arc::new(store.clone())).await;
+            .expect("connect")
+    }
+
+    async fn clean_up(store: &RedisStore) {
         store.delete_all().await.expect("clean up");
-    });
+    }
+}
+
+fn main() {
+    RedisBench::run();
 }

@@ -4,27 +4,23 @@
 //! failover tests, which kill masters.
 
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use idem_core::{Claim, Completion, Operation, StoreErrorKind};
 use idem_testkit::redis_cluster::RedisCluster;
-use idem_testkit::{CleanupOnDrop, Guarded, request, response, t0, unique_id};
+use idem_testkit::{Guarded, IsolatedBackend, request, response, t0, unique_id};
 
 use super::*;
+use crate::tests::TestRedis;
 
 pub(crate) fn shared() -> Option<&'static RedisCluster> {
     static CLUSTER: OnceLock<Option<RedisCluster>> = OnceLock::new();
     CLUSTER.get_or_init(|| RedisCluster::start(3, 0)).as_ref()
 }
 
+/// A key prefix no other test uses.
 pub(crate) fn prefix() -> String {
-    static N: AtomicU32 = AtomicU32::new(0);
-    format!(
-        "idem-cluster-test-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
+    idem_testkit::unique_name("cluster")
 }
 
 pub(crate) async fn connect(url: &str, prefix: &str) -> RedisStore {
@@ -37,19 +33,9 @@ pub(crate) async fn connect(url: &str, prefix: &str) -> RedisStore {
         .expect("connect to the test cluster")
 }
 
-fn guarded(store: RedisStore) -> Guarded<RedisStore> {
-    let cleaner = store.clone();
-    Guarded::new(
-        store,
-        CleanupOnDrop::new(move || async move {
-            let _ = cleaner.delete_all().await;
-        }),
-    )
-}
-
 async fn fresh() -> Option<Guarded<RedisStore>> {
     let cluster = shared()?;
-    Some(guarded(connect(&cluster.url(), &prefix()).await))
+    Some(TestRedis::guarded(connect(&cluster.url(), &prefix()).await))
 }
 
 mod conformance {
@@ -69,8 +55,8 @@ fn cross_instance_race_has_one_winner_on_a_cluster() {
     let Some(cluster) = shared() else { return };
     rt().block_on(async {
         let prefix = prefix();
-        let a = std::sync::Arc::new(guarded(connect(&cluster.url(), &prefix).await));
-        let b = std::sync::Arc::new(guarded(connect(&cluster.url(), &prefix).await));
+        let a = std::sync::Arc::new(TestRedis::guarded(connect(&cluster.url(), &prefix).await));
+        let b = std::sync::Arc::new(TestRedis::guarded(connect(&cluster.url(), &prefix).await));
         idem_testkit::race_one_key_across(&[a, b], 64).await;
     });
 }
@@ -81,7 +67,7 @@ fn cross_instance_race_has_one_winner_on_a_cluster() {
 fn a_records_keys_share_a_slot_and_records_reach_every_master() {
     let Some(cluster) = shared() else { return };
     rt().block_on(async {
-        let store = guarded(connect(&cluster.url(), &prefix()).await);
+        let store = TestRedis::guarded(connect(&cluster.url(), &prefix()).await);
         let mut masters = std::collections::BTreeSet::new();
         for i in 0..64 {
             let id = unique_id(&format!("spread-{i}"));
@@ -110,7 +96,7 @@ fn a_records_keys_share_a_slot_and_records_reach_every_master() {
 fn a_records_fences_keep_growing_without_a_global_counter() {
     let Some(cluster) = shared() else { return };
     rt().block_on(async {
-        let store = guarded(connect(&cluster.url(), &prefix()).await);
+        let store = TestRedis::guarded(connect(&cluster.url(), &prefix()).await);
         let id = unique_id("fences");
         let mut last = 0;
         for round in 0..3 {
@@ -415,7 +401,7 @@ fn a_tls_cluster_checks_every_nodes_certificate() {
             .connect()
             .await
             .expect("connect over TLS");
-        let store = guarded(store);
+        let store = TestRedis::guarded(store);
         let mut masters = std::collections::BTreeSet::new();
         for i in 0..32 {
             let id = unique_id(&format!("tls-{i}"));

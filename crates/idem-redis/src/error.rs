@@ -1,5 +1,6 @@
 //! Mapping Redis failures onto store error kinds.
 
+use idem_core::decode::CorruptValue;
 use idem_core::{StoreError, StoreErrorKind};
 
 /// A Redis error: connection trouble, timeouts and a cluster that is
@@ -30,12 +31,9 @@ pub(crate) fn redis_error(context: &str, e: redis::RedisError) -> StoreError {
     StoreError::new(kind, format!("redis store: {context}")).with_source(e)
 }
 
-/// A stored value that does not decode.
-pub(crate) fn corrupt(what: &str) -> StoreError {
-    StoreError::new(
-        StoreErrorKind::Corrupt,
-        format!("redis store: stored {what} is corrupt"),
-    )
+/// A stored value that does not decode, as this store's `Corrupt` error.
+pub(crate) fn corrupt(value: CorruptValue) -> StoreError {
+    value.store_error("redis")
 }
 
 /// Fewer replicas than asked for acknowledged a write in time. The write

@@ -1,12 +1,14 @@
 //! Decoding script replies into idem's types: claims and records.
 //!
 //! A reply is a flat list of values; each script's header comment in
-//! `lua/` says what stands where.
+//! `lua/` says what stands where. Reading the items is this module's;
+//! decoding the values they hold is `idem_core::decode`'s.
 
-use idem_core::transition::{ClaimAnswer, ClaimCode, FinishedParts};
+use idem_core::decode::{self, ClaimColumns, CorruptValue, RecordColumns};
+use idem_core::transition::FinishedParts;
 use idem_core::{
-    Claim, ClaimRequest, Fence, Fingerprint, Key, Operation, Record, RecordId, Scope, Status,
-    StoreError, StoredResponse, Timestamp,
+    Claim, ClaimRequest, Key, Operation, Record, RecordId, Scope, Status, StoreError,
+    StoredResponse,
 };
 use redis::Value;
 
@@ -15,13 +17,12 @@ use crate::scripts::Keys;
 
 /// The claim from the reply of `claim.lua` for `req`.
 pub(crate) fn claim_from_reply(req: &ClaimRequest, items: &[Value]) -> Result<Claim, StoreError> {
-    let answer = ClaimAnswer {
-        code: ClaimCode::from_code(need(int(items, 0)?, "outcome")?)
-            .ok_or_else(|| corrupt("claim outcome"))?,
-        fence: fence_of(int(items, 1)?)?,
-        created_at: Timestamp::from_millis(need(int(items, 2)?, "created_at")?),
-        lease_until: int(items, 3)?.map(Timestamp::from_millis),
-        expires_at: Timestamp::from_millis(need(int(items, 4)?, "expires_at")?),
+    let answer = ClaimColumns {
+        code: need(int(items, 0)?, "outcome")?,
+        fence: need(int(items, 1)?, "fence")?,
+        created_at: need(int(items, 2)?, "created_at")?,
+        lease_until: int(items, 3)?,
+        expires_at: need(int(items, 4)?, "expires_at")?,
     };
     let finished = || {
         let (resource_id, response) = finished_parts(items)?;
@@ -31,7 +32,7 @@ pub(crate) fn claim_from_reply(req: &ClaimRequest, items: &[Value]) -> Result<Cl
             response,
         })
     };
-    answer.into_claim(req, finished, || corrupt("lease"))
+    answer.into_claim(req, finished, corrupt)
 }
 
 /// A record from the reply of `get.lua` (and each entry of `find.lua` after
@@ -56,10 +57,10 @@ pub(crate) fn stale_records_from_reply(
     items
         .chunks(7)
         .map(|c| {
-            let record_key = String::from_utf8(bytes(c, 0)?).map_err(|_| corrupt("record key"))?;
+            let record_key = text(c, 0, "record key")?;
             let id = keys
                 .id_of(&record_key)
-                .ok_or_else(|| corrupt("record key"))?;
+                .ok_or_else(|| corrupt(CorruptValue::new("record key")))?;
             unfinished_record(id, c.get(1..).unwrap_or_default())
         })
         .collect()
@@ -76,7 +77,7 @@ pub(crate) fn records_by_key_from_reply(
     items
         .chunks(11)
         .map(|c| {
-            let op = String::from_utf8(bytes(c, 0)?).map_err(|_| corrupt("operation"))?;
+            let op = text(c, 0, "operation")?;
             let id = RecordId::new(scope.clone(), Operation::from_raw(op), key.clone());
             record_from_reply(id, c.get(1..).unwrap_or_default())
         })
@@ -86,18 +87,18 @@ pub(crate) fn records_by_key_from_reply(
 /// A record without resource id or response from items 0..=5:
 /// fingerprint, status, fence, created_at, lease_until, expires_at.
 fn unfinished_record(id: RecordId, items: &[Value]) -> Result<Record, StoreError> {
-    Ok(Record {
-        id,
-        fingerprint: Fingerprint::from_slice(&bytes(items, 0)?)
-            .ok_or_else(|| corrupt("fingerprint"))?,
-        status: status_of(int(items, 1)?)?,
-        fence: fence_of(int(items, 2)?)?,
-        created_at: Timestamp::from_millis(need(int(items, 3)?, "created_at")?),
-        lease_until: int(items, 4)?.map(Timestamp::from_millis),
-        expires_at: Timestamp::from_millis(need(int(items, 5)?, "expires_at")?),
+    RecordColumns {
+        fingerprint: bytes(items, 0)?,
+        status: need(int(items, 1)?, "status")?,
+        fence: need(int(items, 2)?, "fence")?,
+        created_at: need(int(items, 3)?, "created_at")?,
+        lease_until: int(items, 4)?,
+        expires_at: need(int(items, 5)?, "expires_at")?,
         resource_id: None,
         response: None,
-    })
+    }
+    .into_record(id)
+    .map_err(corrupt)
 }
 
 /// Reads reply item `i` as bytes.
@@ -106,8 +107,13 @@ fn bytes(items: &[Value], i: usize) -> Result<Vec<u8>, StoreError> {
         Some(Value::BulkString(b)) => Ok(b.clone()),
         Some(Value::SimpleString(s)) => Ok(s.clone().into_bytes()),
         Some(Value::Int(n)) => Ok(n.to_string().into_bytes()),
-        _ => Err(corrupt("reply")),
+        _ => Err(corrupt(CorruptValue::new("reply"))),
     }
+}
+
+/// Reads reply item `i` as text, `what` for the error.
+fn text(items: &[Value], i: usize, what: &'static str) -> Result<String, StoreError> {
+    decode::text(bytes(items, i)?, what).map_err(corrupt)
 }
 
 /// Reads reply item `i` as an integer; `None` for an empty string.
@@ -123,41 +129,32 @@ fn int(items: &[Value], i: usize) -> Result<Option<i64>, StoreError> {
                 .ok()
                 .and_then(|s| s.parse().ok())
                 .map(Some)
-                .ok_or_else(|| corrupt("number"))
+                .ok_or_else(|| corrupt(CorruptValue::new("number")))
         }
     }
 }
 
-fn need(v: Option<i64>, what: &str) -> Result<i64, StoreError> {
-    v.ok_or_else(|| corrupt(what))
-}
-
-fn fence_of(v: Option<i64>) -> Result<Fence, StoreError> {
-    u64::try_from(need(v, "fence")?)
-        .map(Fence::new)
-        .map_err(|_| corrupt("fence"))
+/// A number the reply must hold (an empty string is corrupt `what`).
+fn need(v: Option<i64>, what: &'static str) -> Result<i64, StoreError> {
+    v.ok_or_else(|| corrupt(CorruptValue::new(what)))
 }
 
 fn status_of(v: Option<i64>) -> Result<Status, StoreError> {
-    Status::from_code(need(v, "status")?).ok_or_else(|| corrupt("status"))
+    decode::status(need(v, "status")?).map_err(corrupt)
 }
 
-/// The stored response and resource id at items 6..=9.
+/// The stored response and resource id at items 6..=9. A resource id is
+/// stored as `s` and the id; anything else is none.
 fn finished_parts(items: &[Value]) -> Result<(Option<String>, Option<StoredResponse>), StoreError> {
     let rid = bytes(items, 6)?;
     let resource_id = match rid.split_first() {
-        Some((b's', rest)) => {
-            Some(String::from_utf8(rest.to_vec()).map_err(|_| corrupt("resource id"))?)
-        }
+        Some((b's', rest)) => Some(decode::text(rest.to_vec(), "resource id").map_err(corrupt)?),
         _ => None,
     };
     let response = match int(items, 7)? {
-        Some(code) => Some(StoredResponse {
-            status: u16::try_from(code).map_err(|_| corrupt("response status"))?,
-            headers: StoredResponse::decode_headers(&bytes(items, 8)?)
-                .map_err(|_| corrupt("response headers"))?,
-            body: bytes(items, 9)?,
-        }),
+        Some(code) => {
+            Some(decode::response(code, &bytes(items, 8)?, bytes(items, 9)?).map_err(corrupt)?)
+        }
         None => None,
     };
     Ok((resource_id, response))

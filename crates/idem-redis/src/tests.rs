@@ -1,51 +1,39 @@
 //! Tests against the Redis named by `IDEM_TEST_REDIS_URL`; each test uses a
 //! key prefix of its own, deleted afterwards.
 
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use idem_core::Operation;
-use idem_testkit::{CleanupOnDrop, Guarded, request, t0, unique_id};
+use idem_testkit::{IsolatedBackend, request, t0, unique_id};
 
 use super::*;
 
-fn url() -> Option<String> {
-    idem_testkit::backend_url("IDEM_TEST_REDIS_URL", "Redis")
-}
+/// The Redis at `IDEM_TEST_REDIS_URL`; each store under a key prefix of
+/// its own.
+pub(crate) struct TestRedis;
 
-fn prefix() -> String {
-    static N: AtomicU32 = AtomicU32::new(0);
-    format!(
-        "idem-test-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
+impl IsolatedBackend for TestRedis {
+    type Store = RedisStore;
+    const URL_VAR: &'static str = "IDEM_TEST_REDIS_URL";
+    const SERVER: &'static str = "Redis";
 
-async fn fresh(url: &str) -> Guarded<RedisStore> {
-    let store = RedisStore::builder(url)
-        .prefix(prefix())
-        .connect()
-        .await
-        .expect("connect to test redis");
-    let cleaner = store.clone();
-    Guarded::new(
-        store,
-        CleanupOnDrop::new(move || async move {
-            let _ = cleaner.delete_all().await;
-        }),
-    )
+    async fn open(url: &str, name: &str) -> RedisStore {
+        RedisStore::builder(url)
+            .prefix(name)
+            .connect()
+            .await
+            .expect("connect to test redis")
+    }
+
+    async fn remove(store: RedisStore) {
+        let _ = store.delete_all().await;
+    }
 }
 
 mod conformance {
     use super::*;
 
-    idem_testkit::conformance_tests!(optional async {
-        match url() {
-            Some(u) => Some(fresh(&u).await),
-            None => None,
-        }
-    });
+    idem_testkit::conformance_tests!(optional TestRedis::fresh_if_configured());
 }
 
 fn rt() -> tokio::runtime::Runtime {
@@ -55,9 +43,9 @@ fn rt() -> tokio::runtime::Runtime {
 /// Two connections (as two instances), 64 tasks, one key: one winner.
 #[test]
 fn cross_instance_race_has_one_winner() {
-    let Some(url) = url() else { return };
+    let Some(url) = TestRedis::url() else { return };
     rt().block_on(async {
-        let a = fresh(&url).await;
+        let a = TestRedis::fresh(&url).await;
         let b = RedisStore::builder(&url)
             .prefix(a.store().prefix())
             .connect()
@@ -77,9 +65,9 @@ fn cross_instance_race_has_one_winner() {
 /// After `SCRIPT FLUSH` the scripts are loaded again on first use.
 #[test]
 fn scripts_survive_a_flush() {
-    let Some(url) = url() else { return };
+    let Some(url) = TestRedis::url() else { return };
     rt().block_on(async {
-        let g = fresh(&url).await;
+        let g = TestRedis::fresh(&url).await;
         let store = g.store();
         let id = unique_id("redis-flush-0001");
         assert!(matches!(
@@ -106,7 +94,7 @@ use idem_testkit::private_redis::{PrivateRedis, free_port};
 /// so this also proves they are reloaded.
 #[test]
 fn store_recovers_after_redis_restarts() {
-    if url().is_none() {
+    if TestRedis::url().is_none() {
         return;
     }
     let port = free_port();
@@ -162,9 +150,9 @@ fn store_recovers_after_redis_restarts() {
 /// record's expiry, left behind by release, cleaned by the look-up.
 #[test]
 fn the_key_index_is_cleaned_by_look_ups() {
-    let Some(url) = url() else { return };
+    let Some(url) = TestRedis::url() else { return };
     rt().block_on(async {
-        let g = fresh(&url).await;
+        let g = TestRedis::fresh(&url).await;
         let store = g.store();
         let id = unique_id("redis-key-index1");
         let index = store.key_index_key(&id.scope, &id.key);
@@ -267,9 +255,9 @@ fn the_key_index_is_cleaned_by_look_ups() {
 /// that finds it in flight answers without waiting.
 #[test]
 fn a_wait_for_replicas_no_server_has_fails_closed() {
-    let Some(url) = url() else { return };
+    let Some(url) = TestRedis::url() else { return };
     rt().block_on(async {
-        let plain = fresh(&url).await;
+        let plain = TestRedis::fresh(&url).await;
         let waiting = RedisStore::builder(&url)
             .prefix(plain.store().prefix())
             .wait_for_replicas(1, Duration::from_millis(100))
@@ -322,7 +310,7 @@ fn a_wait_for_replicas_no_server_has_fails_closed() {
 #[test]
 fn a_server_that_refuses_the_waits_commands_is_refused_at_connect() {
     use idem_testkit::private_redis::{PrivateRedis, free_port};
-    if url().is_none() {
+    if TestRedis::url().is_none() {
         return;
     }
     let Some(server) = PrivateRedis::start(free_port()) else {

@@ -6,14 +6,15 @@ use std::time::Duration;
 use idem_core::{Claim, Store, StoreErrorKind};
 use idem_testkit::private_redis::{PrivateRedis, free_port};
 use idem_testkit::tls::{TestCa, write};
-use idem_testkit::{request, t0, unique_id};
+use idem_testkit::{IsolatedBackend, request, t0, unique_id};
 
 use crate::RedisStore;
+use crate::tests::TestRedis;
 
 #[test]
 fn rediss_checks_the_servers_certificate() {
     // Runs where the other Redis tests run (CI has redis-server).
-    if idem_testkit::backend_url("IDEM_TEST_REDIS_URL", "Redis").is_none() {
+    if TestRedis::url().is_none() {
         return;
     }
     let dir = tempfile_dir();

@@ -1,9 +1,8 @@
 //! Converting between SQLite rows and records: decoding what a query
 //! selected, encoding a fence.
 
-use idem_core::{
-    Fence, Fingerprint, Key, Operation, Record, RecordId, Scope, Status, StoredResponse, Timestamp,
-};
+use idem_core::decode::{self, CorruptValue, RecordColumns};
+use idem_core::{Key, Operation, Record, RecordId, Scope};
 use rusqlite::Row;
 
 /// The record's columns, as text for `concat!`.
@@ -35,39 +34,35 @@ pub(crate) const BY_KEY: &str = concat!(
      ORDER BY created_at DESC, operation DESC LIMIT ?4"
 );
 
-fn corrupt(what: &str) -> rusqlite::Error {
-    rusqlite::Error::InvalidColumnType(0, what.to_owned(), rusqlite::types::Type::Null)
+/// A stored value that does not decode, as an error of row mapping (which
+/// must return rusqlite's errors): an invalid column type, which
+/// `sqlite_error` makes `Corrupt`.
+fn corrupt(value: CorruptValue) -> rusqlite::Error {
+    rusqlite::Error::InvalidColumnType(0, value.what().to_owned(), rusqlite::types::Type::Null)
 }
 
 /// Reads a record from a row of [`COLUMNS`].
 pub(crate) fn record_from_row(id: &RecordId, row: &Row<'_>) -> rusqlite::Result<Record> {
-    let fp: Vec<u8> = row.get(0)?;
-    let fingerprint = Fingerprint::from_slice(&fp).ok_or_else(|| corrupt("fingerprint"))?;
-    let status = Status::from_code(row.get(1)?).ok_or_else(|| corrupt("status"))?;
-    let fence: i64 = row.get(2)?;
     let response = match row.get::<_, Option<i64>>(7)? {
         Some(code) => {
             let headers: Vec<u8> = row.get::<_, Option<Vec<u8>>>(8)?.unwrap_or_default();
-            Some(StoredResponse {
-                status: u16::try_from(code).map_err(|_| corrupt("response_status"))?,
-                headers: StoredResponse::decode_headers(&headers)
-                    .map_err(|_| corrupt("response_headers"))?,
-                body: row.get::<_, Option<Vec<u8>>>(9)?.unwrap_or_default(),
-            })
+            let body = row.get::<_, Option<Vec<u8>>>(9)?.unwrap_or_default();
+            Some(decode::response(code, &headers, body).map_err(corrupt)?)
         }
         None => None,
     };
-    Ok(Record {
-        id: id.clone(),
-        fingerprint,
-        status,
-        response,
+    RecordColumns {
+        fingerprint: row.get(0)?,
+        status: row.get(1)?,
+        fence: row.get(2)?,
+        created_at: row.get(3)?,
+        lease_until: row.get(4)?,
+        expires_at: row.get(5)?,
         resource_id: row.get(6)?,
-        created_at: Timestamp::from_millis(row.get(3)?),
-        lease_until: row.get::<_, Option<i64>>(4)?.map(Timestamp::from_millis),
-        fence: Fence::new(u64::try_from(fence).map_err(|_| corrupt("fence"))?),
-        expires_at: Timestamp::from_millis(row.get(5)?),
-    })
+        response,
+    }
+    .into_record(id.clone())
+    .map_err(corrupt)
 }
 
 /// Reads a record from a row of [`COLUMNS`] followed by `scope, operation,

@@ -41,6 +41,11 @@
 //!   [`TTL`];
 //! - [`backend_url`]: a backend's URL from the environment, skipping
 //!   outside CI when it is absent;
+//! - [`IsolatedBackend`]: the server-backed store crates' harness, a fresh
+//!   store in a namespace of its own per test, removed afterwards (see
+//!   [`isolated`]);
+//! - [`FaultyStore`]: a store in front of another that goes down, fails,
+//!   delays or stalls chosen calls and counts them (see [`faulty`]);
 //! - [`Guarded`] and [`CleanupOnDrop`]: a store together with the
 //!   temporary directory or schema it lives in;
 //! - [`print_pair_rates`]: the store benchmarks' main loop;
@@ -61,12 +66,17 @@ pub mod atomic;
 mod checks;
 pub mod consumer;
 pub mod crash;
+pub mod faulty;
+pub mod isolated;
 mod model;
 pub mod private_redis;
 pub mod redis_cluster;
+pub mod store_bench;
 pub mod tls;
 
 pub use checks::*;
+pub use faulty::{Call, Fault, FaultyStore, StoreOp};
+pub use isolated::IsolatedBackend;
 pub use model::{model_check, model_check_with};
 
 /// The lease the suite claims with.

@@ -10,10 +10,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use idem_core::{
-    BoxFuture, Claim, ClaimRequest, Completion, Fence, Key, MemoryStore, Record, RecordId, Scope,
-    Settled, StaleCursor, Store, StoreError, StoreErrorKind, Timestamp,
-};
+use idem_core::{Claim, ClaimRequest, Completion, MemoryStore, RecordId, Store, Timestamp};
 use idem_http::{IdempotencyLayer, IdempotencyLayerBuilder, LayerHandle};
 use idem_testkit::{CleanupOnDrop, Guarded};
 use tokio::sync::{Notify, Semaphore};
@@ -156,121 +153,6 @@ pub fn key() -> String {
     )
 }
 
-/// A store in front of another that can be switched off: while it is
-/// down, every operation fails as unavailable without reaching the inner
-/// store.
-pub struct SwitchStore {
-    inner: Arc<dyn Store>,
-    down: std::sync::atomic::AtomicBool,
-}
-
-impl SwitchStore {
-    /// Up, in front of `inner`.
-    pub fn new(inner: Arc<dyn Store>) -> SwitchStore {
-        SwitchStore {
-            inner,
-            down: std::sync::atomic::AtomicBool::new(false),
-        }
-    }
-
-    /// Down for good.
-    pub fn down() -> SwitchStore {
-        let s = SwitchStore::new(Arc::new(MemoryStore::new()));
-        s.set_down(true);
-        s
-    }
-
-    pub fn set_down(&self, down: bool) {
-        self.down.store(down, Ordering::SeqCst);
-    }
-
-    fn check(&self) -> Result<(), StoreError> {
-        if self.down.load(Ordering::SeqCst) {
-            Err(StoreError::new(
-                StoreErrorKind::Unavailable,
-                "test store is down",
-            ))
-        } else {
-            Ok(())
-        }
-    }
-}
-
-impl Store for SwitchStore {
-    fn claim<'a>(&'a self, r: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>> {
-        Box::pin(async move {
-            self.check()?;
-            self.inner.claim(r).await
-        })
-    }
-    fn complete<'a>(
-        &'a self,
-        id: &'a RecordId,
-        fence: Fence,
-        c: Completion,
-        now: Timestamp,
-    ) -> BoxFuture<'a, Result<Settled, StoreError>> {
-        Box::pin(async move {
-            self.check()?;
-            self.inner.complete(id, fence, c, now).await
-        })
-    }
-    fn release<'a>(
-        &'a self,
-        id: &'a RecordId,
-        fence: Fence,
-        now: Timestamp,
-    ) -> BoxFuture<'a, Result<Settled, StoreError>> {
-        Box::pin(async move {
-            self.check()?;
-            self.inner.release(id, fence, now).await
-        })
-    }
-    fn get<'a>(
-        &'a self,
-        id: &'a RecordId,
-        now: Timestamp,
-    ) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
-        Box::pin(async move {
-            self.check()?;
-            self.inner.get(id, now).await
-        })
-    }
-    fn purge_expired(
-        &self,
-        now: Timestamp,
-        limit: usize,
-    ) -> BoxFuture<'_, Result<usize, StoreError>> {
-        Box::pin(async move {
-            self.check()?;
-            self.inner.purge_expired(now, limit).await
-        })
-    }
-    fn list_stale<'a>(
-        &'a self,
-        now: Timestamp,
-        after: Option<&'a idem_core::StaleCursor>,
-        limit: usize,
-    ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>> {
-        Box::pin(async move {
-            self.check()?;
-            self.inner.list_stale(now, after, limit).await
-        })
-    }
-    fn find_by_key<'a>(
-        &'a self,
-        scope: &'a idem_core::Scope,
-        key: &'a idem_core::Key,
-        now: Timestamp,
-        limit: usize,
-    ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>> {
-        Box::pin(async move {
-            self.check()?;
-            self.inner.find_by_key(scope, key, now, limit).await
-        })
-    }
-}
-
 /// Claims `id` with fingerprint `fingerprint` and completes it with a 201
 /// "from the old release", as a gateway of an older release would have
 /// (for records of fingerprint version 1); gives the claim request.
@@ -355,57 +237,4 @@ pub async fn redis() -> Option<Arc<dyn Store>> {
             let _ = cleaner.delete_all().await;
         }),
     )))
-}
-
-/// A store whose claims never answer.
-pub struct StalledStore;
-
-impl Store for StalledStore {
-    fn claim<'a>(&'a self, _: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>> {
-        Box::pin(std::future::pending())
-    }
-    fn complete<'a>(
-        &'a self,
-        _: &'a RecordId,
-        _: Fence,
-        _: Completion,
-        _: Timestamp,
-    ) -> BoxFuture<'a, Result<Settled, StoreError>> {
-        Box::pin(std::future::pending())
-    }
-    fn release<'a>(
-        &'a self,
-        _: &'a RecordId,
-        _: Fence,
-        _: Timestamp,
-    ) -> BoxFuture<'a, Result<Settled, StoreError>> {
-        Box::pin(std::future::pending())
-    }
-    fn get<'a>(
-        &'a self,
-        _: &'a RecordId,
-        _: Timestamp,
-    ) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
-        Box::pin(std::future::pending())
-    }
-    fn purge_expired(&self, _: Timestamp, _: usize) -> BoxFuture<'_, Result<usize, StoreError>> {
-        Box::pin(std::future::pending())
-    }
-    fn list_stale<'a>(
-        &'a self,
-        _: Timestamp,
-        _: Option<&'a StaleCursor>,
-        _: usize,
-    ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>> {
-        Box::pin(std::future::pending())
-    }
-    fn find_by_key<'a>(
-        &'a self,
-        _: &'a Scope,
-        _: &'a Key,
-        _: Timestamp,
-        _: usize,
-    ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>> {
-        Box::pin(std::future::pending())
-    }
 }
