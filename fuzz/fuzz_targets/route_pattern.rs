@@ -1,27 +1,11 @@
 //! Route patterns from the config file, matched against request paths.
 //!
-//! Input: a pattern, a NUL byte, a path. Never panics; a pattern matches its
-//! own literal spelling when it has no parameters; matching is
-//! deterministic; `as_str` always starts with `/`.
+//! The check lives in `fuzz/checks/route_pattern.rs`, which the crate's
+//! `tests/fuzz_regressions.rs` also runs on every file in
+//! `fuzz/regressions/route_pattern/`.
 #![no_main]
 
-use http::Method;
-use idem_http::{PathPattern, RouteRule};
-use libfuzzer_sys::fuzz_target;
+#[path = "../checks/route_pattern.rs"]
+mod check;
 
-fuzz_target!(|data: &[u8]| {
-    let text = String::from_utf8_lossy(data);
-    let (pattern, path) = text.split_once('\0').unwrap_or((&text, "/"));
-    let p = PathPattern::new(pattern);
-    assert!(p.as_str().starts_with('/'));
-    let m = p.matches(path);
-    assert_eq!(m, p.matches(path));
-    let literal = !pattern.contains('{') && !pattern.contains('*');
-    if literal {
-        assert!(p.matches(p.as_str()), "{pattern:?} must match itself");
-    }
-    let rule = RouteRule::post(pattern);
-    assert_eq!(rule.matches(&Method::POST, path), m);
-    assert!(!rule.matches(&Method::GET, path));
-    let _ = rule.operation(&Method::POST);
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| check::check(data));

@@ -1,56 +1,11 @@
 //! Scope derivation from request headers, as the layer does it.
 //!
-//! Input: header lines `name\0value\0name\0value...`; the names that the
-//! sources read are `authorization`, `x-tenant` and `x-user`. Whatever the
-//! headers, derivation never panics, a named header never falls back to the
-//! anonymous scope, and it is deterministic.
+//! The check lives in `fuzz/checks/scope.rs`, which the crate's
+//! `tests/fuzz_regressions.rs` also runs on every file in
+//! `fuzz/regressions/scope/`.
 #![no_main]
 
-use http::{HeaderName, HeaderValue, Request};
-use idem_core::Scope;
-use idem_http::ScopeSource;
-use libfuzzer_sys::fuzz_target;
+#[path = "../checks/scope.rs"]
+mod check;
 
-fuzz_target!(|data: &[u8]| {
-    let mut builder = Request::builder();
-    let mut fields = data.split(|&b| b == 0);
-    while let (Some(name), Some(value)) = (fields.next(), fields.next()) {
-        let name = match name.first().map(|b| b % 4) {
-            Some(0) => HeaderName::from_static("authorization"),
-            Some(1) => HeaderName::from_static("x-tenant"),
-            Some(2) => HeaderName::from_static("x-user"),
-            _ => match HeaderName::from_bytes(name) {
-                Ok(n) => n,
-                Err(_) => continue,
-            },
-        };
-        let Ok(value) = HeaderValue::from_bytes(value) else {
-            continue;
-        };
-        builder = builder.header(name, value);
-    }
-    let Ok(request) = builder.body(()) else {
-        return;
-    };
-    let (parts, ()) = request.into_parts();
-    let sources = [
-        ScopeSource::Authorization,
-        ScopeSource::Header(HeaderName::from_static("x-tenant")),
-        ScopeSource::Headers(vec![
-            HeaderName::from_static("x-tenant"),
-            HeaderName::from_static("x-user"),
-        ]),
-    ];
-    for (i, source) in sources.iter().enumerate() {
-        let first = source.scope_of(&parts);
-        assert_eq!(first, source.scope_of(&parts), "deterministic");
-        if i > 0
-            && let Ok(scope) = &first
-        {
-            assert_ne!(*scope, Scope::anonymous(), "a named header is never anonymous");
-        }
-        if i == 0 && parts.headers.get_all("authorization").iter().count() == 0 {
-            assert_eq!(first, Ok(Scope::anonymous()));
-        }
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| check::check(data));
