@@ -6,7 +6,8 @@
 # machine the sync's CPU (the block layer, the device's doorbell, the
 # completion's interrupt) can be larger than a whole proxied request,
 # which is what bounds the SQLite store's new-key row with
-# synchronous=FULL (BENCHMARKS.md, "What limits the rows still short").
+# synchronous=FULL (docs/benchmarks-history.md, "What limits the rows still
+# short").
 #
 # IDEM_BENCH_DIR: the directory (the disk) to measure, by default the
 # one bench/gateway.sh puts its store in ($TMPDIR or /tmp).

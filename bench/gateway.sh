@@ -18,8 +18,8 @@
 # counted) nonvoluntary context switches, summed over its threads
 # (/proc/PID/task/*/status), over the requests: how often the kernel took a
 # CPU from it while it could still run, which is what the p99 of a row
-# follows when more threads want the CPUs than there are (BENCHMARKS.md,
-# "Preemptions", 2026-12-03).
+# follows when more threads want the CPUs than there are
+# (docs/benchmarks-history.md, "Preemptions", 2026-12-03).
 #
 # Stores: memory, SQLite (synchronous=FULL, the default) and, when
 # IDEM_TEST_POSTGRES_URL / IDEM_TEST_REDIS_URL are set, PostgreSQL and

@@ -97,7 +97,8 @@ DROP TABLE idem_meta;
 /// claim appends the row to the table's last pages, which every claim of
 /// a batch shares, and puts only the key into a random page of the index;
 /// the completion rewrites the row where the batch's other completions are
-/// (BENCHMARKS.md, "The SQLite records in the order they were written").
+/// (docs/benchmarks-history.md, "The SQLite records in the order they were
+/// written").
 /// The index enforces the key's uniqueness as the primary key did, under
 /// the same columns, so the statements that name the key do not change
 /// (the purge now deletes by rowid). The rowid is implicit: no column is

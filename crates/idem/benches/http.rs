@@ -23,7 +23,8 @@ mod common;
 
 /// mimalloc, as in the `idem` binary: an application that puts the layer on
 /// its hot path picks its allocator, and glibc's malloc makes the threads
-/// of this process wait on its arena locks (BENCHMARKS.md, 2026-12-01 late).
+/// of this process wait on its arena locks (docs/benchmarks-history.md,
+/// 2026-12-01 late).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
