@@ -9,7 +9,7 @@
 //! route and a fallback, and the router's per-request work (matching,
 //! boxing the request and response bodies again, cloning boxed services
 //! for the middleware) was a measurable share of a passthrough request
-//! (BENCHMARKS.md, "The gateway against an nginx proxy hop").
+//! (docs/benchmarks-history.md, "The gateway against an nginx proxy hop").
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

@@ -52,6 +52,7 @@
 //! [`ThreadStores`] gives each serving thread its own instance, opened on
 //! that thread.
 
+mod error;
 mod front;
 mod listener;
 mod pool;
@@ -64,11 +65,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::Method;
-use idem_http::{BoxError, IdempotencyLayer};
+use idem_http::IdempotencyLayer;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tower::Layer as _;
 
+pub use error::Error;
 pub use proxy::rewritten_on_the_way;
 pub use settings::{ConnectionLimits, UpstreamSettings};
 pub use thread_store::{OpenStore, ThreadStores};
@@ -76,31 +78,6 @@ pub use thread_store::{OpenStore, ThreadStores};
 /// The metric counting upstream connections closed because their last
 /// exchange was out of step, by `reason`.
 pub const UPSTREAM_CONNECTIONS_CLOSED: &str = pool::CLOSED;
-
-/// Why the gateway could not start, or stopped badly.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum Error {
-    /// A serving thread, its runtime or its copy of the listening socket
-    /// could not be made.
-    #[error("cannot start the serving threads")]
-    Start(#[source] std::io::Error),
-    /// A serving thread's start-up (opening its store instance) failed.
-    #[error("serving thread {thread} could not start")]
-    ThreadStart {
-        /// The thread's index.
-        thread: usize,
-        /// What failed.
-        #[source]
-        source: BoxError,
-    },
-    /// A serving thread ended while it started.
-    #[error("serving thread {0} stopped while starting")]
-    ThreadLost(usize),
-    /// A serving thread ended without being asked to (it panicked).
-    #[error("a serving thread stopped unexpectedly")]
-    Stopped,
-}
 
 /// A gateway: an idempotency layer in front of one upstream, served on
 /// a number of threads. Build it, [`start`](Gateway::start) it on a
@@ -192,6 +169,7 @@ impl Gateway {
         listener: TcpListener,
         shutdown: &CancellationToken,
     ) -> Result<Running, Error> {
+        register_metrics(&self.layer);
         let client_proto = if self.tls.is_some() { "https" } else { "http" };
         // One front service per serving thread, each with its own upstream
         // connection pool: a pooled connection's task runs on the thread
@@ -250,6 +228,16 @@ impl std::fmt::Debug for Gateway {
             .field("rule_methods", &self.rule_methods)
             .field("thread_stores", &self.thread_stores.is_some())
             .finish_non_exhaustive()
+    }
+}
+
+/// Registers every series the gateway and its layer record, at zero, so
+/// that an alert on a counter that has not moved yet still has a series.
+/// Install the metrics recorder before [`Gateway::start`], which calls it.
+fn register_metrics(layer: &IdempotencyLayer) {
+    layer.handle().report_metrics();
+    for reason in pool::CLOSE_REASONS {
+        metrics::counter!(pool::CLOSED, "reason" => reason).increment(0);
     }
 }
 

@@ -30,7 +30,7 @@ use tokio_util::task::TaskTracker;
 
 use idem_http::BoxError;
 
-use crate::Error;
+use crate::error::Error;
 use crate::front::{ConnectionService, Front};
 use crate::spread::{Placed, Spread, spread};
 

@@ -6,8 +6,8 @@
 //! out, behind a lock that only its own thread takes: no pool key to hash
 //! and compare, no waiters to wake, and no task spawned to return a
 //! connection once it is ready again (hyper-util's general-purpose pool
-//! did all three for every request; BENCHMARKS.md, "The gateway's own
-//! upstream pool").
+//! did all three for every request; docs/benchmarks-history.md, "The
+//! gateway's own upstream pool").
 //!
 //! What that pool did for safety, this one does too:
 //! - A request is sent again only when hyper hands it back unsent (the
@@ -62,6 +62,14 @@ const MAX_IDLE: usize = 1024;
 /// Connections closed because their exchange was not in step, by reason
 /// ([`out_of_step`]).
 pub(crate) const CLOSED: &str = "idem_upstream_connections_closed_total";
+
+/// The `reason` label values of [`CLOSED`], as [`out_of_step`] names them.
+pub(crate) const CLOSE_REASONS: [&str; 4] = [
+    "not_final",
+    "early_answer",
+    "refused_with_body",
+    "bodiless_answer",
+];
 
 /// Why a request got no answer.
 #[derive(Debug)]

@@ -4,10 +4,10 @@
 //! kernel gives a connection to whichever thread asks first: under load a
 //! burst of connections (a client pool opening, a load balancer
 //! reconnecting) lands mostly on one thread, and a connection never moves
-//! (BENCHMARKS.md, "Connections spread over the serving threads": one
-//! thread did 2.8 times the other's work). So the thread that accepts a
-//! connection serves it itself unless it already holds two or more
-//! connections more than the least loaded thread; then it hands the
+//! (docs/benchmarks-history.md, "Connections spread over the serving
+//! threads": one thread did 2.8 times the other's work). So the thread
+//! that accepts a connection serves it itself unless it already holds two
+//! or more connections more than the least loaded thread; then it hands the
 //! socket to that thread, which registers it with its own event loop. The
 //! slack saves handing over connections that come and go. Load is counted
 //! in open connections: a connection's cost over its life is not known

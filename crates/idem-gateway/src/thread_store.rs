@@ -2,7 +2,7 @@
 //! connection is one multiplexed socket driven by a task (Redis): that
 //! task then runs on the thread whose requests use it, so a store call
 //! does not wake a thread of the main runtime and wait for it to wake the
-//! serving thread back (BENCHMARKS.md, "A thread per CPU").
+//! serving thread back (docs/benchmarks-history.md, "A thread per CPU").
 //!
 //! Every instance talks to the same server, so they hold the same
 //! records; only the connection differs. Calls from any other thread (the

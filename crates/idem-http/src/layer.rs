@@ -5,17 +5,12 @@ use std::time::Duration;
 
 use http::{HeaderName, Method};
 use idem_core::{KeyPolicy, Policy, Store};
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 use tower::Layer;
 
-use crate::key_header::IDEMPOTENCY_KEY;
-use crate::metrics::{InProgress, Meters};
 use crate::replay_cache::ReplayCache;
 use crate::rule::{KeyRequirement, RouteRule, ScopeSource};
 use crate::service::Idempotency;
-use crate::shared::Shared;
-use crate::wait::Waiters;
+use crate::shared::{Settings, Shared};
 
 /// The replay cache's default size in bytes.
 pub const DEFAULT_REPLAY_CACHE: usize = 16 * 1024 * 1024;
@@ -46,7 +41,7 @@ pub struct IdempotencyLayer {
 impl std::fmt::Debug for IdempotencyLayer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IdempotencyLayer")
-            .field("rules", &self.shared.rules)
+            .field("rules", &self.shared.settings.rules)
             .finish_non_exhaustive()
     }
 }
@@ -69,7 +64,7 @@ impl IdempotencyLayer {
 
     /// The reconciliation read path over this layer's store, scopes and
     /// rules: mount it at `/_idem/records/{key}` (see [`ReadPath`](crate::ReadPath)).
-    pub fn read_path(&self) -> crate::ReadPath {
+    pub fn read_path(&self) -> crate::read_path::ReadPath {
         crate::read_path::ReadPath::new(self.shared.clone())
     }
 
@@ -91,7 +86,8 @@ impl<S> Layer<S> for IdempotencyLayer {
 
 /// Builds an [`IdempotencyLayer`].
 pub struct IdempotencyLayerBuilder {
-    shared: Shared,
+    settings: Settings,
+    store: Arc<dyn Store>,
     replay_cache: usize,
 }
 
@@ -105,29 +101,8 @@ impl std::fmt::Debug for IdempotencyLayerBuilder {
 impl IdempotencyLayerBuilder {
     fn new(store: Arc<dyn Store>) -> IdempotencyLayerBuilder {
         IdempotencyLayerBuilder {
-            shared: Shared {
-                store,
-                rules: Vec::new(),
-                default_methods: vec![Method::POST, Method::PATCH],
-                default_rule: Arc::new(RouteRule::for_default_methods()),
-                key_header: IDEMPOTENCY_KEY,
-                key_policy: KeyPolicy::default(),
-                scope: ScopeSource::default(),
-                body_limit: 1024 * 1024,
-                require_scope: false,
-                body_timeout: Duration::from_secs(30),
-                response_limit: 8 * 1024 * 1024,
-                store_timeout: Duration::from_secs(5),
-                hold_unknown_outcomes: false,
-                in_flight_retry_after: Duration::from_secs(1),
-                unavailable_retry_after: Duration::from_secs(1),
-                waiters: Waiters::default(),
-                in_progress: InProgress::default(),
-                meters: Meters::default(),
-                shutdown: CancellationToken::new(),
-                tracker: TaskTracker::new(),
-                replays: None,
-            },
+            settings: Settings::default(),
+            store,
             replay_cache: DEFAULT_REPLAY_CACHE,
         }
     }
@@ -135,7 +110,7 @@ impl IdempotencyLayerBuilder {
     /// Adds a route rule. Rules are tried in the order added; the first
     /// that matches wins.
     pub fn route(mut self, rule: RouteRule) -> Self {
-        self.shared.rules.push(Arc::new(rule));
+        self.settings.rules.push(Arc::new(rule));
         self
     }
 
@@ -143,19 +118,19 @@ impl IdempotencyLayerBuilder {
     /// the operation. Default POST and PATCH; empty to protect only the
     /// configured routes.
     pub fn default_methods<I: IntoIterator<Item = Method>>(mut self, methods: I) -> Self {
-        self.shared.default_methods = methods.into_iter().collect();
+        self.settings.default_methods = methods.into_iter().collect();
         self
     }
 
     /// Whether the default rule requires a key. Default required.
     pub fn default_key(mut self, key: KeyRequirement) -> Self {
-        Arc::make_mut(&mut self.shared.default_rule).key = key;
+        Arc::make_mut(&mut self.settings.default_rule).key = key;
         self
     }
 
     /// The default rule's policy. Default [`Policy::default`].
     pub fn default_policy(mut self, policy: Policy) -> Self {
-        Arc::make_mut(&mut self.shared.default_rule).policy = policy;
+        Arc::make_mut(&mut self.settings.default_rule).policy = policy;
         self
     }
 
@@ -173,26 +148,26 @@ impl IdempotencyLayerBuilder {
     /// not `Authorization` (the key would be the credential, and is
     /// refused as such), and not a scope header.
     pub fn key_header(mut self, name: HeaderName) -> Self {
-        self.shared.key_header = name;
+        self.settings.key_header = name;
         self
     }
 
     /// Key hygiene. Default [`KeyPolicy::default`] (16 characters minimum,
     /// no credentials, no JWTs).
     pub fn key_policy(mut self, policy: KeyPolicy) -> Self {
-        self.shared.key_policy = policy;
+        self.settings.key_policy = policy;
         self
     }
 
     /// Where scopes come from. Default the `Authorization` header.
     pub fn scope(mut self, scope: ScopeSource) -> Self {
-        self.shared.scope = scope;
+        self.settings.scope = scope;
         self
     }
 
     /// The largest request body read (413 beyond). Default 1 MiB.
     pub fn body_limit(mut self, bytes: usize) -> Self {
-        self.shared.body_limit = bytes;
+        self.settings.body_limit = bytes;
         self
     }
 
@@ -200,14 +175,14 @@ impl IdempotencyLayerBuilder {
     /// credential) with 401, instead of letting every such caller share one
     /// scope. Default off.
     pub fn require_scope(mut self, required: bool) -> Self {
-        self.shared.require_scope = required;
+        self.settings.require_scope = required;
         self
     }
 
     /// How long a keyed request's body may take to arrive (408 after,
     /// nothing executed). Default 30 s.
     pub fn body_timeout(mut self, d: Duration) -> Self {
-        self.shared.body_timeout = d;
+        self.settings.body_timeout = d;
         self
     }
 
@@ -217,14 +192,14 @@ impl IdempotencyLayerBuilder {
     /// request was executed, so a retry never executes it again. Default
     /// 8 MiB.
     pub fn response_limit(mut self, bytes: usize) -> Self {
-        self.shared.response_limit = bytes;
+        self.settings.response_limit = bytes;
         self
     }
 
     /// The deadline of every store call; past it the call counts as
     /// unavailable (503 before execution: fail closed). Default 5 s.
     pub fn store_timeout(mut self, d: Duration) -> Self {
-        self.shared.store_timeout = d;
+        self.settings.store_timeout = d;
         self
     }
 
@@ -236,19 +211,19 @@ impl IdempotencyLayerBuilder {
     /// ends. A response carrying [`OutcomeUnknown`](crate::OutcomeUnknown)
     /// is always held.
     pub fn hold_unknown_outcomes(mut self, hold: bool) -> Self {
-        self.shared.hold_unknown_outcomes = hold;
+        self.settings.hold_unknown_outcomes = hold;
         self
     }
 
     /// `Retry-After` on 409 in flight. Default 1 s.
     pub fn in_flight_retry_after(mut self, d: Duration) -> Self {
-        self.shared.in_flight_retry_after = d;
+        self.settings.in_flight_retry_after = d;
         self
     }
 
     /// `Retry-After` on 503 store unavailable. Default 1 s.
     pub fn unavailable_retry_after(mut self, d: Duration) -> Self {
-        self.shared.unavailable_retry_after = d;
+        self.settings.unavailable_retry_after = d;
         self
     }
 
@@ -263,10 +238,10 @@ impl IdempotencyLayerBuilder {
     }
 
     /// The layer.
-    pub fn build(mut self) -> IdempotencyLayer {
-        self.shared.replays = ReplayCache::new(self.replay_cache);
+    pub fn build(self) -> IdempotencyLayer {
+        let replays = ReplayCache::new(self.replay_cache);
         IdempotencyLayer {
-            shared: Arc::new(self.shared),
+            shared: Arc::new(Shared::new(self.settings, self.store, replays)),
         }
     }
 }
@@ -347,17 +322,22 @@ mod tests {
         let shared = &layer.shared;
 
         let a = shared
+            .settings
             .rule_for(&Method::POST, "/a")
             .expect("a default method");
         let b = shared
+            .settings
             .rule_for(&Method::PATCH, "//b/c")
             .expect("a default method");
         assert_eq!(
-            shared.operation(&a, &Method::POST, "/a").as_str(),
+            shared.settings.operation(&a, &Method::POST, "/a").as_str(),
             "POST /a"
         );
         assert_eq!(
-            shared.operation(&b, &Method::PATCH, "//b/c").as_str(),
+            shared
+                .settings
+                .operation(&b, &Method::PATCH, "//b/c")
+                .as_str(),
             "PATCH /b/c"
         );
         for rule in [&a, &b] {
@@ -368,10 +348,12 @@ mod tests {
         assert!(Arc::ptr_eq(&a, &b), "one default rule, not one a request");
 
         let routed = shared
+            .settings
             .rule_for(&Method::POST, "/orders/7")
             .expect("the route");
         assert_eq!(
             shared
+                .settings
                 .operation(&routed, &Method::POST, "/orders/7")
                 .as_str(),
             "POST /orders/{id}"
@@ -379,6 +361,6 @@ mod tests {
         assert_eq!(routed.key, KeyRequirement::Required);
         assert_eq!(routed.policy.ttl(), Policy::default().ttl());
 
-        assert!(shared.rule_for(&Method::GET, "/a").is_none());
+        assert!(shared.settings.rule_for(&Method::GET, "/a").is_none());
     }
 }

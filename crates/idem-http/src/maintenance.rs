@@ -20,6 +20,19 @@ use tokio_util::sync::CancellationToken;
 pub const RECONCILED: &str = "idem_reconciled_total";
 /// Records purged.
 pub const PURGED: &str = "idem_records_purged_total";
+
+/// The `action` label values of [`RECONCILED`].
+pub const RECONCILE_ACTIONS: [&str; 4] = ["completed", "released", "left", "superseded"];
+
+/// Registers maintenance's series at zero, so that an alert on one that
+/// has not moved yet still has a series to read. [`Maintenance::spawn`]
+/// calls it.
+pub fn register_metrics() {
+    metrics::counter!(PURGED).increment(0);
+    for action in RECONCILE_ACTIONS {
+        metrics::counter!(RECONCILED, "action" => action).increment(0);
+    }
+}
 /// Records deleted per purge call.
 pub const PURGE_BATCH: usize = 1000;
 /// Stale records handed to recovery per pass.
@@ -172,6 +185,7 @@ impl Maintenance {
     /// Runs the purge loop and the recovery loop, each every interval, until
     /// `stop` is cancelled.
     pub fn spawn(self, stop: CancellationToken) -> JoinHandle<()> {
+        register_metrics();
         tokio::spawn(async move {
             let every = |this: Maintenance, stop: CancellationToken, reconcile: bool| async move {
                 let mut tick = tokio::time::interval(this.interval);

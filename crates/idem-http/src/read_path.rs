@@ -170,7 +170,7 @@ impl ReadPath {
         // so the key as the client sent it finds its record.
         let key = Key::from_header_value(decoded.as_bytes())
             .map_err(|e| Rejection::InvalidKey(e).problem())?;
-        let scope = match self.shared.scope.scope_of(parts) {
+        let scope = match self.shared.settings.scope.scope_of(parts) {
             Ok(s) if s == Scope::anonymous() && !self.anonymous_reads => {
                 return Err(Rejection::Scope(ScopeError::CredentialRequired).problem());
             }
@@ -198,9 +198,9 @@ impl ReadPath {
                             "?method= is not an HTTP method.",
                         )
                     })?;
-                let operation = self.shared.rule_for(&method, &p).map_or_else(
+                let operation = self.shared.settings.rule_for(&method, &p).map_or_else(
                     || idem_core::Operation::new(method.as_str(), &p),
-                    |rule| self.shared.operation(&rule, &method, &p),
+                    |rule| self.shared.settings.operation(&rule, &method, &p),
                 );
                 let id = RecordId::new(scope, operation, key);
                 store_call(&self.shared, StoreOp::Get, store.get(&id, now))
@@ -236,7 +236,7 @@ impl ReadPath {
             Err(e) => {
                 tracing::warn!(error = %e, "record look-up failed");
                 Err(Rejection::StoreUnavailable {
-                    retry_after: self.shared.unavailable_retry_after,
+                    retry_after: self.shared.settings.unavailable_retry_after,
                 }
                 .problem())
             }

@@ -1,7 +1,8 @@
-//! What one layer's services share: its settings, its store with the
-//! deadline every call to it runs under, and the rule a request falls
-//! under. The layer builds it; the service, the request flow and the read
-//! path read it. It knows none of them.
+//! What one layer's services share: its fixed settings (with the rule a
+//! request falls under), and the state that lives as long as the layer,
+//! its store first, with the deadline every call to it runs under. The
+//! layer builds it; the service, the request flow and the read path read
+//! it. It knows none of them.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -13,21 +14,22 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::body::Body;
+use crate::key_header::IDEMPOTENCY_KEY;
 use crate::metrics::{InProgress, Meters, StoreOp};
 use crate::rejection::Rejection;
 use crate::replay_cache::ReplayCache;
 use crate::rule::{RouteRule, ScopeSource};
 use crate::wait::Waiters;
 
-/// Everything one layer's services share.
-pub(crate) struct Shared {
-    pub(crate) store: Arc<dyn Store>,
+/// The layer's fixed settings: what its builder sets, read by every
+/// request and never changed once the layer is built.
+pub(crate) struct Settings {
     /// Shared with each request they match, not copied into it.
     pub(crate) rules: Vec<Arc<RouteRule>>,
     pub(crate) default_methods: Vec<Method>,
     /// The key requirement and policy of the default methods' requests,
     /// one rule for all of them (each names its own operation:
-    /// [`Shared::operation`]).
+    /// [`Settings::operation`]).
     pub(crate) default_rule: Arc<RouteRule>,
     /// The request header that carries the key.
     pub(crate) key_header: HeaderName,
@@ -41,6 +43,36 @@ pub(crate) struct Shared {
     pub(crate) hold_unknown_outcomes: bool,
     pub(crate) in_flight_retry_after: Duration,
     pub(crate) unavailable_retry_after: Duration,
+}
+
+impl Default for Settings {
+    /// The builder's defaults (documented on its methods).
+    fn default() -> Settings {
+        Settings {
+            rules: Vec::new(),
+            default_methods: vec![Method::POST, Method::PATCH],
+            default_rule: Arc::new(RouteRule::for_default_methods()),
+            key_header: IDEMPOTENCY_KEY,
+            key_policy: KeyPolicy::default(),
+            scope: ScopeSource::default(),
+            body_limit: 1024 * 1024,
+            require_scope: false,
+            body_timeout: Duration::from_secs(30),
+            response_limit: 8 * 1024 * 1024,
+            store_timeout: Duration::from_secs(5),
+            hold_unknown_outcomes: false,
+            in_flight_retry_after: Duration::from_secs(1),
+            unavailable_retry_after: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Everything one layer's services share: its settings, and the state
+/// that lives as long as the layer (the store, the waiters, the
+/// executions in progress, the meters, the shutdown, the replay cache).
+pub(crate) struct Shared {
+    pub(crate) settings: Settings,
+    pub(crate) store: Arc<dyn Store>,
     pub(crate) waiters: Waiters,
     pub(crate) in_progress: InProgress,
     pub(crate) meters: Meters,
@@ -50,7 +82,7 @@ pub(crate) struct Shared {
     pub(crate) replays: Option<ReplayCache>,
 }
 
-impl Shared {
+impl Settings {
     /// The rule for a request: the first configured rule that matches, or
     /// the default rule for the default methods (POST and PATCH), whose
     /// operation is the literal path. `None`: pass through.
@@ -78,14 +110,34 @@ impl Shared {
             rule.operation(method)
         }
     }
+}
 
-    /// The 400 for a request whose key header is missing or repeated,
-    /// counted like every rejection; its detail names the configured
-    /// header, so a client of an API with another header name is told
-    /// which one to send.
-    pub(crate) fn reject_key_header(&self, r: Rejection) -> Response<Body> {
+impl Shared {
+    /// The state of a layer built with `settings` over `store`.
+    pub(crate) fn new(
+        settings: Settings,
+        store: Arc<dyn Store>,
+        replays: Option<ReplayCache>,
+    ) -> Shared {
+        Shared {
+            settings,
+            store,
+            waiters: Waiters::default(),
+            in_progress: InProgress::default(),
+            meters: Meters::default(),
+            shutdown: CancellationToken::new(),
+            tracker: TaskTracker::new(),
+            replays,
+        }
+    }
+
+    /// The answer to a refused request, and the one place a refusal is
+    /// counted (`idem_requests_total` by outcome). Its detail names the
+    /// configured key header, so a client of an API with another header
+    /// name is told which one to send.
+    pub(crate) fn reject(&self, r: Rejection) -> Response<Body> {
         self.meters.count(r.outcome());
-        r.problem_naming(&self.key_header).into_response()
+        r.problem_naming(&self.settings.key_header).into_response()
     }
 }
 
@@ -104,7 +156,7 @@ pub(crate) async fn store_call<T>(
     shared
         .meters
         .timed(op, async {
-            tokio::time::timeout(shared.store_timeout, fut).await
+            tokio::time::timeout(shared.settings.store_timeout, fut).await
         })
         .await
         .unwrap_or_else(|_| Err(crate::maintenance::timed_out(op.as_str())))

@@ -43,9 +43,9 @@ const ALLOW_THP: &str = "MIMALLOC_ALLOW_THP";
 /// kernel for huge pages, and the first touch of each one zeroes 2 MiB while
 /// a request waits: with new keys kept in memory that was 2% of the
 /// machine's CPU under the gateway bench and about 2 ms of its p99
-/// (BENCHMARKS.md, "Huge pages"). Best effort: a kernel that refuses the
-/// switch (before Linux 3.15, or a seccomp profile) keeps its own, and the
-/// refusal is returned for the log.
+/// (docs/benchmarks-history.md, "Huge pages"). Best effort: a kernel that
+/// refuses the switch (before Linux 3.15, or a seccomp profile) keeps its
+/// own, and the refusal is returned for the log.
 fn disable_transparent_huge_pages() -> Option<std::io::Error> {
     #[cfg(target_os = "linux")]
     if std::env::var_os(ALLOW_THP).is_none() {

@@ -54,7 +54,7 @@ fn outcomes() -> BTreeSet<&'static str> {
 }
 
 /// The `action` label values of `idem_reconciled_total` (maintenance.rs).
-const ACTIONS: [&str; 4] = ["completed", "released", "left", "superseded"];
+const ACTIONS: [&str; 4] = idem_http::maintenance::RECONCILE_ACTIONS;
 
 /// The `op` label values of `idem_store_duration_seconds` (metrics.rs).
 const OPS: [&str; 5] = ["claim", "complete", "release", "get", "find_by_key"];
@@ -399,4 +399,41 @@ fn promtool_accepts_the_rules() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Every series the alert rules and the dashboard read exists from the
+/// gateway's start, at zero, before any request: an alert on a counter
+/// that has not moved yet (`increase(...) > 0`) still has a series, and a
+/// dashboard panel is not empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_alerted_series_exists_before_any_traffic() {
+    let (_up, up) = upstream();
+    let g = gateway(&up, "memory:", &support::SHORT_LIVED).await;
+    let scrape = support::metrics_text(&g).await;
+    let types = scraped_types(&scrape);
+    let scraped: BTreeSet<&str> = types.iter().map(|(n, _)| n.as_str()).collect();
+    let mut texts = vec![rules_text()];
+    texts.extend(dashboard_exprs());
+    let mut checked = 0;
+    for text in &texts {
+        for name in metric_names(text) {
+            let base = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|suffix| name.strip_suffix(suffix))
+                .filter(|base| scraped.contains(base))
+                .unwrap_or(&name);
+            assert!(
+                scraped.contains(base),
+                "`{name}` has no series before traffic:\n{scrape}"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 20, "the deploy files name metrics ({checked})");
+    for outcome in outcomes() {
+        let series = format!("idem_requests_total{{outcome=\"{outcome}\"}} 0");
+        assert!(scrape.contains(&series), "no {series}:\n{scrape}");
+    }
+    let closed = idem_gateway::UPSTREAM_CONNECTIONS_CLOSED;
+    assert!(scrape.contains(&format!("{closed}{{reason=")), "{scrape}");
 }

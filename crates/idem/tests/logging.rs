@@ -128,7 +128,7 @@ async fn json_logs_name_each_request_by_its_key_hash() {
         .find(|e| e["message"] == "forwarding requests")
         .expect("the settings at start-up");
     assert_eq!(settings["level"], "INFO");
-    assert_eq!(settings["target"], "idem::gateway");
+    assert_eq!(settings["target"], "idem::serve");
     assert_eq!(settings["store"], "memory:");
     assert_eq!(settings["lease"], "30s");
     assert_eq!(settings["routes"], 0);
@@ -276,8 +276,8 @@ async fn text_logs_are_one_line_per_event() {
             .unwrap_or_else(|| panic!("no {needle:?} in:\n{stderr}"))
             .to_owned()
     };
-    assert!(line("forwarding requests").contains(" INFO idem::gateway: "));
-    assert!(line("upstream unreachable").contains(" WARN idem::gateway::proxy: "));
+    assert!(line("forwarding requests").contains(" INFO idem::serve: "));
+    assert!(line("upstream unreachable").contains(" WARN idem_gateway::proxy: "));
     let finished = line("request finished");
     assert!(finished.contains("DEBUG idem_http::flow: "), "{finished}");
     assert!(
@@ -308,7 +308,7 @@ async fn library_warnings_reach_the_log() {
         .find(|e| e["message"] == "outcome unknown; the claim is held until its lease ends")
         .unwrap_or_else(|| panic!("no warning in:\n{stderr}"));
     assert_eq!(warning["level"], "WARN");
-    assert_eq!(warning["target"], "idem_http::flow");
+    assert_eq!(warning["target"], "idem_http::flow::execute");
     let hash = idem_core::Key::new(k.as_str()).unwrap().log_id();
     assert_eq!(warning["key"], hash.as_str());
     assert!(!stderr.contains(&k), "the raw key was logged:\n{stderr}");

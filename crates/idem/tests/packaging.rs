@@ -372,3 +372,50 @@ fn the_binary_idem_comes_from_a_package_of_another_name() {
     assert_ne!(packages[0], "idem", "the crates.io name `idem` is taken");
     assert!(workspace.members[packages[0]].publishable());
 }
+
+/// The dependency tree of `package` with `flags`, normal edges only.
+fn normal_dependencies(package: &str, flags: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO"))
+        .current_dir(workspace_root())
+        .args([
+            "tree",
+            "--offline",
+            "-e",
+            "normal",
+            "--prefix",
+            "none",
+            "-p",
+            package,
+        ])
+        .args(flags)
+        .output()
+        .expect("cargo tree runs");
+    assert!(
+        out.status.success(),
+        "cargo tree -p {package} {flags:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("cargo tree prints UTF-8")
+}
+
+/// The gateway library, and the binary without its default features,
+/// link no broker client: only `idem demo --broker` needs one.
+#[test]
+fn the_gateway_links_no_broker_client() {
+    for (package, flags) in [
+        ("idem-gateway", &[][..]),
+        ("idem-cli", &["--no-default-features"][..]),
+    ] {
+        let tree = normal_dependencies(package, flags);
+        assert!(tree.lines().count() > 10, "{package}: {tree}");
+        for client in ["lapin ", "async-nats ", "idem-consumer "] {
+            assert!(
+                !tree.lines().any(|l| l.starts_with(client)),
+                "{package} {flags:?} links {client}"
+            );
+        }
+    }
+    // The check can fail: the default binary does link them.
+    let full = normal_dependencies("idem-cli", &[]);
+    assert!(full.lines().any(|l| l.starts_with("lapin ")));
+}

@@ -218,8 +218,9 @@ impl Forwarder {
                         boxed(Deadline::idle(body, self.body_idle_timeout))
                     }
                     // A passthrough answer has no clock of its own: a
-                    // timer per answer cost 2-4 us of about 20 (BENCHMARKS.md,
-                    // issue 34). The pool's answer is boxed already.
+                    // timer per answer cost 2-4 us of about 20
+                    // (docs/benchmarks-history.md, issue 34). The pool's
+                    // answer is boxed already.
                     (false, _) => body,
                 };
                 Response::from_parts(parts, body)

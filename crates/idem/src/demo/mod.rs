@@ -8,8 +8,13 @@
 //! resolved at the end with the same keys (a client's reconciliation),
 //! which must not execute anything twice.
 
+#[cfg(feature = "brokers")]
+mod broker;
+#[cfg(not(feature = "brokers"))]
+#[path = "no_broker.rs"]
 mod broker;
 mod faults;
+mod plan;
 mod report;
 
 use std::io::IsTerminal;
@@ -30,9 +35,9 @@ use idem_retry::{Backoff, CallSpec, Retrier, RetryBudget, RetryError, RetryPolic
 
 use crate::cli::DemoArgs;
 use faults::{FaultRates, FrontStats};
+use plan::{Plan, START_BALANCE, plans};
 use report::{Intent, Report};
 
-const START_BALANCE: i64 = 1_000;
 const CLIENT_TIMEOUT: Duration = Duration::from_millis(800);
 
 /// Runs the demo. The rates and counts in `args` were checked by clap.
@@ -180,41 +185,6 @@ impl Mode<'_> {
             }
         }
     }
-}
-
-/// One intent's plan.
-#[derive(Debug, Clone)]
-struct Plan {
-    key: String,
-    body: serde_json::Value,
-    duplicate: bool,
-    reuse: bool,
-}
-
-fn plans(args: &DemoArgs, accounts: usize) -> Vec<Plan> {
-    // SplitMix64 from the seed: the same seed gives the same run.
-    let mut state = args.seed;
-    let mut next = move || {
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    };
-    let mut unit = move || (next() as f64) / (u64::MAX as f64);
-    (0..args.intents)
-        .map(|i| {
-            let from = (unit() * accounts as f64) as usize % accounts;
-            let to = (from + 1 + (unit() * (accounts - 1) as f64) as usize) % accounts;
-            let amount = 1 + (unit() * 400.0) as i64;
-            Plan {
-                key: format!("demo-{}-intent-{i:07}", args.seed),
-                body: serde_json::json!({"from": format!("acct-{from}"), "to": format!("acct-{to}"), "amount": amount}),
-                duplicate: unit() < args.duplicate_rate,
-                reuse: unit() < args.reuse_rate,
-            }
-        })
-        .collect()
 }
 
 async fn drive<L: Ledger>(

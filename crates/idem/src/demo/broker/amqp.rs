@@ -13,7 +13,7 @@ use lapin::options::{
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 
-use super::{BATCH, Broker, Delivery};
+use super::shared::{BATCH, Broker, Delivery};
 
 pub(crate) struct Amqp {
     // Kept open: the channel lives as long as its connection.

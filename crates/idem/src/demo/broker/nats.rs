@@ -8,7 +8,7 @@ use anyhow::Context;
 use async_nats::jetstream::{self, consumer::PullConsumer};
 use futures_util::StreamExt;
 
-use super::{Broker, Delivery};
+use super::shared::{Broker, Delivery};
 
 /// How long JetStream waits for an ack before redelivering: short, so
 /// the killed consumers' messages come back soon.

@@ -1,0 +1,230 @@
+//! Executing: the inner service called once, in the layer's task, under
+//! the shutdown; its answer read (up to the response limit) and handed to
+//! settling.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures_util::FutureExt;
+use futures_util::StreamExt;
+use http::{Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, BodyStream, StreamBody};
+use idem_core::{Completion, Disposition, Lease, StoredResponse};
+
+use super::execution::{Call, Ended, OutcomeUnknown, UnverifiedEnd};
+use super::settle::{abandon, complete, finish, hold, release, settle_release};
+use crate::body::{Body, BoxError, full};
+use crate::context::IdempotencyContext;
+use crate::metrics::Outcome;
+use crate::rejection::Rejection;
+use crate::replay::{set_expires, to_stored};
+use crate::rule::RouteRule;
+use crate::shared::Shared;
+
+/// Calls the handler, runs its future to the end and settles the record;
+/// returns the answer with its outcome.
+pub(super) async fn execute<E>(
+    shared: Arc<Shared>,
+    inner: Call<E>,
+    request: Request<Body>,
+    ctx: IdempotencyContext,
+    rule: Arc<RouteRule>,
+    lease: Lease,
+) -> Ended<Result<Response<Body>, E>> {
+    let token = shared.in_progress.begin(&shared.meters);
+    let id = ctx.id().clone();
+    // Past the shutdown's grace the layer cancels executions. One claimed
+    // since then has not reached the inner service: its claim is given
+    // back, in either mode (a hold would keep a key that never ran until
+    // its lease ends).
+    if shared.shutdown.is_cancelled() {
+        let abandoned = abandon(&shared, &id, lease, token, Rejection::ShuttingDown).await;
+        return (Outcome::Released, Ok(abandoned));
+    }
+    tracing::debug!(key = %id.key.log_id(), fence = lease.fence.get(), takeover = lease.takeover, "executing");
+    let head_request = request.method() == http::Method::HEAD;
+    let call = inner(request);
+    let outcome = tokio::select! {
+        biased;
+        () = shared.shutdown.cancelled() => None,
+        r = AssertUnwindSafe(call).catch_unwind() => Some(r),
+    };
+    let response = match outcome {
+        None if shared.settings.hold_unknown_outcomes => {
+            let held = hold(&shared, &id, lease, token, Rejection::ShuttingDown);
+            return (Outcome::Held, Ok(held));
+        }
+        None => {
+            let abandoned = abandon(&shared, &id, lease, token, Rejection::ShuttingDown).await;
+            return (Outcome::Released, Ok(abandoned));
+        }
+        Some(Err(_panic)) => {
+            tracing::error!(key = %id.key.log_id(), "handler panicked; claim released");
+            let abandoned = abandon(&shared, &id, lease, token, Rejection::HandlerFailed).await;
+            return (Outcome::Released, Ok(abandoned));
+        }
+        Some(Ok(Err(e))) => {
+            settle_release(&shared, &id, lease, token).await;
+            return (Outcome::Released, Err(e));
+        }
+        Some(Ok(Ok(response))) => response,
+    };
+    let (mut parts, body) = response.into_parts();
+    if parts.extensions.get::<OutcomeUnknown>().is_some() {
+        tracing::warn!(key = %id.key.log_id(), "outcome unknown; the claim is held until its lease ends");
+        set_expires(&mut parts.headers, lease.expires_at);
+        finish(&shared, &id, token, Outcome::Held);
+        return (Outcome::Held, Ok(Response::from_parts(parts, body)));
+    }
+    let read = if parts.extensions.get::<UnverifiedEnd>().is_some() {
+        ResponseBody::NotStorable(body, NotStored::UnverifiedEnd)
+    } else {
+        read_response(body, shared.settings.response_limit).await
+    };
+    let body = match read {
+        ResponseBody::Whole(bytes) => bytes,
+        ResponseBody::NotStorable(streamed, why) => {
+            // Executed, but not kept: the client still gets it whole, and
+            // a retry learns from the record what happened.
+            let outcome = if ctx.is_completed() {
+                Outcome::Executed
+            } else {
+                let placeholder = not_stored(parts.status, why, shared.settings.response_limit);
+                let completion = match rule.policy.disposition(parts.status.as_u16()) {
+                    Disposition::Release => None,
+                    Disposition::Fail => Some(Completion::failed(placeholder)),
+                    Disposition::Complete => Some(Completion::completed(placeholder)),
+                };
+                match completion {
+                    Some(c) => complete(&shared, &id, lease, c).await,
+                    None => {
+                        release(&shared, &id, lease).await;
+                        Outcome::Released
+                    }
+                }
+            };
+            finish(&shared, &id, token, outcome);
+            set_expires(&mut parts.headers, lease.expires_at);
+            return (outcome, Ok(Response::from_parts(parts, streamed)));
+        }
+        ResponseBody::Failed if shared.settings.hold_unknown_outcomes => {
+            tracing::error!(key = %id.key.log_id(), "response body failed; the claim is held until its lease ends");
+            let held = hold(&shared, &id, lease, token, Rejection::OutcomeUnknown);
+            return (Outcome::Held, Ok(held));
+        }
+        ResponseBody::Failed => {
+            tracing::error!(key = %id.key.log_id(), "handler's response body failed; claim released");
+            let abandoned = abandon(&shared, &id, lease, token, Rejection::HandlerFailed).await;
+            return (Outcome::Released, Ok(abandoned));
+        }
+    };
+
+    let outcome = if ctx.is_completed() {
+        Outcome::Executed
+    } else {
+        let stored = || to_stored(parts.status, &parts.headers, &body, &rule.extra_headers);
+        match rule.policy.disposition(parts.status.as_u16()) {
+            Disposition::Complete => {
+                complete(&shared, &id, lease, Completion::completed(stored())).await
+            }
+            Disposition::Fail => complete(&shared, &id, lease, Completion::failed(stored())).await,
+            Disposition::Release => {
+                release(&shared, &id, lease).await;
+                Outcome::Released
+            }
+        }
+    };
+    finish(&shared, &id, token, outcome);
+    set_expires(&mut parts.headers, lease.expires_at);
+    if !head_request {
+        // The body is whole: its length is what the server writes, never
+        // a length or a coding the handler (or an upstream) announced.
+        parts.headers.remove(header::CONTENT_LENGTH);
+        parts.headers.remove(header::TRANSFER_ENCODING);
+    }
+    (outcome, Ok(Response::from_parts(parts, full(body))))
+}
+
+/// A handler's response body, read up to the layer's response limit.
+pub(super) enum ResponseBody {
+    /// All of it.
+    Whole(Bytes),
+    /// Not to be stored: over the limit (what was read, followed by the
+    /// rest, still to stream), or of an end that cannot be verified.
+    NotStorable(Body, NotStored),
+    /// The body failed (or stalled past a deadline the service set).
+    Failed,
+}
+
+pub(super) async fn read_response(mut body: Body, limit: usize) -> ResponseBody {
+    // The first frame is kept as it came (most answers are one); from the
+    // second on, frames are copied into one buffer: each `Bytes` of a
+    // chunked answer holds a slice of the client's read buffer, so keeping
+    // thousands of one-byte frames would cost tens of times the limit.
+    let mut first: Option<Bytes> = None;
+    let mut joined = bytes::BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(frame) = frame else {
+            return ResponseBody::Failed;
+        };
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers are not stored
+        };
+        match first.take() {
+            None if joined.is_empty() => first = Some(data),
+            held => {
+                if let Some(held) = held {
+                    joined.reserve(held.len() + data.len());
+                    joined.extend_from_slice(&held);
+                }
+                joined.extend_from_slice(&data);
+            }
+        }
+        let total = first.as_ref().map_or(joined.len(), Bytes::len);
+        if total > limit {
+            let read = first.unwrap_or_else(|| joined.freeze());
+            let read = futures_util::stream::once(async move {
+                Ok::<_, BoxError>(http_body::Frame::data(read))
+            });
+            let rest = BodyStream::new(body);
+            return ResponseBody::NotStorable(
+                StreamBody::new(read.chain(rest)).boxed_unsync(),
+                NotStored::TooLarge,
+            );
+        }
+    }
+    ResponseBody::Whole(first.unwrap_or_else(|| joined.freeze()))
+}
+
+/// Why an executed answer's body was not stored.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum NotStored {
+    /// Over the replay limit.
+    TooLarge,
+    /// Its end could not be told from a cut ([`UnverifiedEnd`]).
+    UnverifiedEnd,
+}
+
+/// What a record keeps for a response it could not store: the original
+/// status, and a problem document saying the request was executed and
+/// where its record can be read.
+pub(super) fn not_stored(status: StatusCode, why: NotStored, limit: usize) -> StoredResponse {
+    // One title for the type (RFC 9457: a title does not change between
+    // occurrences); the detail says why.
+    let reason = match why {
+        NotStored::TooLarge => {
+            format!("its response was over the replay limit of {limit} bytes and was not kept")
+        }
+        NotStored::UnverifiedEnd => "its response ended with its connection, so a cut could not be told from the end, and it was not kept".to_owned(),
+    };
+    crate::Problem::idem(
+        status,
+        "response-not-stored",
+        "Response not stored",
+        format!(
+            "The request with this key was executed once; {reason}. Do not send it again as a new request: read GET /_idem/records/{{key}} for its status and resource id."
+        ),
+    )
+    .to_stored()
+}
