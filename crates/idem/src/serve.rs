@@ -113,10 +113,8 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
         });
     }
     log_settings(&cfg);
-    let running = gateway
-        .start(listener, &shutdown)
-        .await
-        .context("cannot start the serving threads")?;
+    // The library's error says what could not start.
+    let running = gateway.start(listener, &shutdown).await?;
     // After the serving threads: `/healthz` answers once they run.
     let admin = axum::serve(admin_listener, admin::router(store, prometheus))
         .with_graceful_shutdown(shutdown.clone().cancelled_owned());
