@@ -16,6 +16,11 @@ pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
 /// key is answered from the record; after it, a retry would execute again.
 pub const IDEMPOTENCY_KEY_EXPIRES: &str = "idempotency-key-expires";
 
+/// `Idem-Takeover: <key>`: sent by the server to the operation it runs
+/// when this execution takes over an earlier one whose outcome is unknown
+/// (the `announce` takeover policy). Never taken from a client.
+pub const IDEM_TAKEOVER: &str = "idem-takeover";
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -26,6 +31,7 @@ mod tests {
             IDEMPOTENCY_KEY,
             IDEMPOTENT_REPLAYED,
             IDEMPOTENCY_KEY_EXPIRES,
+            IDEM_TAKEOVER,
         ] {
             assert!(!name.is_empty());
             assert!(

@@ -62,9 +62,12 @@
 //! judges leases and expiry the same way and tests move time without
 //! sleeping. See [`Timestamp`].
 
+pub mod batch;
 mod canonical_json;
 pub mod decode;
 mod digest;
+mod durability;
+mod epoch;
 mod fingerprint;
 pub mod header_names;
 mod key;
@@ -79,10 +82,12 @@ pub mod transition;
 
 #[doc(hidden)]
 pub use canonical_json::canonicalize_json;
+pub use durability::{Durability, DurabilityFinding, Verdict};
+pub use epoch::{EpochMark, EpochWatch, LOSS_CAUSES, LossCause, StoreLoss};
 pub use fingerprint::{FieldSelection, Fingerprint};
 pub use key::{Key, KeyError, KeyPolicy, MAX_KEY_LEN};
 pub use memory::MemoryStore;
-pub use policy::{Concurrency, Disposition, Policy, PolicyBuilder, PolicyError};
+pub use policy::{Concurrency, Disposition, Policy, PolicyBuilder, PolicyError, Takeover};
 pub use record::{Fence, HeaderDecodeError, Record, Status, StoredResponse};
 pub use recovery::{Reconcile, ReconcileReport, ReleaseAll, Resolution, reconcile_once};
 pub use scope::{Operation, RecordId, Scope};

@@ -21,6 +21,8 @@ use std::sync::{Mutex, MutexGuard};
 
 use hashbrown::HashTable;
 
+use crate::durability::{Durability, DurabilityFinding, Verdict};
+use crate::epoch::EpochMark;
 use crate::key::Key;
 use crate::record::{Fence, Record, Status};
 use crate::scope::{Operation, RecordId, Scope};
@@ -38,6 +40,9 @@ pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
     hasher: RandomState,
     fences: AtomicU64,
+    /// The store's epoch and counter (`epoch.rs`); `None` until the first
+    /// advance, and again after [`MemoryStore::forget_everything`].
+    epoch: Mutex<Option<(String, u64)>>,
 }
 
 /// The hash of a (scope, key), computed once per store call.
@@ -251,7 +256,21 @@ impl MemoryStore {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             hasher: RandomState::new(),
             fences: AtomicU64::new(0),
+            epoch: Mutex::new(None),
         }
+    }
+
+    /// Drops every record and the epoch, as a store restarted without
+    /// persistence would: for tests of what notices a store that forgot
+    /// ([`crate::EpochWatch`]).
+    pub fn forget_everything(&self) {
+        for i in 0..SHARDS {
+            *self.lock(i) = Shard::default();
+        }
+        *self
+            .epoch
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
     }
 
     /// How many records it holds, expired ones included.
@@ -317,6 +336,18 @@ impl MemoryStore {
         }
         Settled::Applied
     }
+
+    fn extend_locked(&self, id: &RecordId, fence: Fence, lease_until: Timestamp) -> Settled {
+        let hash = self.hash(&id.scope, &id.key);
+        let mut shard = self.lock(hash.shard());
+        match shard.get_mut(hash, id) {
+            Some(record) if transition::may_finish(Some(record), fence) => {
+                transition::extend_lease(record, lease_until);
+                Settled::Applied
+            }
+            _ => Settled::StaleFence,
+        }
+    }
 }
 
 impl Store for MemoryStore {
@@ -341,6 +372,16 @@ impl Store for MemoryStore {
         _now: Timestamp,
     ) -> BoxFuture<'a, Result<Settled, StoreError>> {
         Box::pin(async move { Ok(self.finish_locked(id, fence, None)) })
+    }
+
+    fn extend_lease<'a>(
+        &'a self,
+        id: &'a RecordId,
+        fence: Fence,
+        lease_until: Timestamp,
+        _now: Timestamp,
+    ) -> BoxFuture<'a, Result<Settled, StoreError>> {
+        Box::pin(async move { Ok(self.extend_locked(id, fence, lease_until)) })
     }
 
     fn get<'a>(
@@ -439,6 +480,41 @@ impl Store for MemoryStore {
             found.truncate(limit);
             let found = found.into_iter().cloned().collect();
             Ok(found)
+        })
+    }
+
+    /// One place, `store`: the epoch lives beside the records, and goes
+    /// with them in [`MemoryStore::forget_everything`].
+    fn advance_epoch<'a>(
+        &'a self,
+        candidate: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<EpochMark>, StoreError>> {
+        let mut epoch = self
+            .epoch
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mark = match epoch.as_mut() {
+            Some((id, counter)) => {
+                *counter += 1;
+                EpochMark::new("store", id.clone(), *counter, false)
+            }
+            None => {
+                *epoch = Some((candidate.to_owned(), 1));
+                EpochMark::new("store", candidate, 1, true)
+            }
+        };
+        Box::pin(async move { Ok(vec![mark]) })
+    }
+
+    /// One finding, `storage = memory`, that [`Verdict::Loses`] records:
+    /// they live in this process only.
+    fn durability(&self) -> BoxFuture<'_, Result<Durability, StoreError>> {
+        Box::pin(async {
+            Ok(Durability::new(vec![DurabilityFinding::new(
+                "storage",
+                "memory",
+                Verdict::Loses("records live in this process only".into()),
+            )]))
         })
     }
 }

@@ -18,6 +18,58 @@ pub enum Concurrency {
     },
 }
 
+/// What a claim does when it takes over a record whose executor's lease
+/// ended with no outcome stored: the executor died (or stalled past its
+/// lease) after it may have acted, so whether the operation happened is
+/// unknown (docs/contract.md, *The crash window*).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Takeover {
+    /// Do not execute again: the key answers the `outcome-unresolved`
+    /// problem, naming the read path, until an operator resolves the
+    /// record (`idem records release` once the operation is known not to
+    /// have happened) or it expires. The default: a duplicate payment is
+    /// worse than a payment that waits for a person.
+    #[default]
+    Hold,
+    /// Execute again, telling the handler it is a takeover of the key (the
+    /// `Idem-Takeover` request header, whose value is the key, and
+    /// `IdempotencyContext::is_takeover`), so that an operation that keeps
+    /// its keys in its own transaction (atomic mode) can refuse the
+    /// duplicate itself.
+    Announce,
+    /// Execute again, as if the first attempt never ran: only for
+    /// operations that are safe to repeat, or whose downstream deduplicates
+    /// by the forwarded key.
+    Reexecute,
+}
+
+impl Takeover {
+    /// The name used in configuration: `hold`, `announce`, `reexecute`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Takeover::Hold => "hold",
+            Takeover::Announce => "announce",
+            Takeover::Reexecute => "reexecute",
+        }
+    }
+
+    /// The policy a configuration name stands for.
+    pub fn from_name(name: &str) -> Option<Takeover> {
+        Some(match name {
+            "hold" => Takeover::Hold,
+            "announce" => Takeover::Announce,
+            "reexecute" => Takeover::Reexecute,
+            _ => return None,
+        })
+    }
+
+    /// Whether a takeover executes the operation again.
+    pub fn executes(self) -> bool {
+        !matches!(self, Takeover::Hold)
+    }
+}
+
 /// What to do with the record once the handler has answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Disposition {
@@ -74,6 +126,7 @@ pub struct Policy {
     ttl: Duration,
     lease: Duration,
     concurrency: Concurrency,
+    takeover: Takeover,
     release: BTreeSet<u16>,
     keep: BTreeSet<u16>,
 }
@@ -115,6 +168,18 @@ impl Policy {
         self.concurrency
     }
 
+    /// What a takeover of an abandoned claim does.
+    pub fn takeover(&self) -> Takeover {
+        self.takeover
+    }
+
+    /// The same policy with another takeover rule (which no other setting
+    /// constrains, so this needs no validation).
+    pub fn with_takeover(mut self, takeover: Takeover) -> Policy {
+        self.takeover = takeover;
+        self
+    }
+
     /// What to do with a handler's response status.
     ///
     /// By default: 2xx and 3xx complete; 4xx fail (kept and replayed) except
@@ -141,6 +206,7 @@ pub struct PolicyBuilder {
     ttl: Duration,
     lease: Duration,
     concurrency: Concurrency,
+    takeover: Takeover,
     release: BTreeSet<u16>,
     keep: BTreeSet<u16>,
 }
@@ -151,6 +217,7 @@ impl Default for PolicyBuilder {
             ttl: Duration::from_secs(24 * 3600),
             lease: Duration::from_secs(30),
             concurrency: Concurrency::Conflict,
+            takeover: Takeover::default(),
             release: BTreeSet::new(),
             keep: BTreeSet::new(),
         }
@@ -174,6 +241,13 @@ impl PolicyBuilder {
     /// Duplicate handling. Default [`Concurrency::Conflict`].
     pub fn concurrency(mut self, c: Concurrency) -> Self {
         self.concurrency = c;
+        self
+    }
+
+    /// What a takeover of an abandoned claim does. Default
+    /// [`Takeover::Hold`].
+    pub fn takeover(mut self, takeover: Takeover) -> Self {
+        self.takeover = takeover;
         self
     }
 
@@ -239,6 +313,7 @@ impl PolicyBuilder {
             ttl: self.ttl,
             lease: self.lease,
             concurrency: self.concurrency,
+            takeover: self.takeover,
             release: self.release,
             keep: self.keep,
         }

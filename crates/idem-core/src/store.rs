@@ -24,6 +24,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::durability::Durability;
+use crate::epoch::EpochMark;
 use crate::fingerprint::Fingerprint;
 use crate::key::Key;
 use crate::record::{Fence, Record, Status, StoredResponse};
@@ -285,6 +287,33 @@ pub trait Store: Send + Sync + 'static {
         now: Timestamp,
     ) -> BoxFuture<'a, Result<Settled, StoreError>>;
 
+    /// Moves the lease of the execution holding `fence` to `lease_until`
+    /// (never earlier than it is), while the record is in progress under
+    /// that fence: the heartbeat that keeps a long execution, or a
+    /// completion waiting for the store, from being taken over. A stale
+    /// fence (taken over, finished, released) changes nothing and answers
+    /// [`Settled::StaleFence`]; the executor has lost its claim. A record
+    /// whose lease (or even whose life) has ended still takes its own
+    /// executor's heartbeat, as it takes its result: nobody else has
+    /// claimed it. An extension to an earlier time answers
+    /// [`Settled::Applied`] and leaves the lease where it was.
+    ///
+    /// The record's `expires_at` rises with the lease, atomically, to at
+    /// least `lease_until` (never lower): the record lives at least as
+    /// long as its lease, so neither a claim (which treats an expired
+    /// record as absent) nor [`Store::purge_expired`] can start a second
+    /// execution beside one still heartbeating.
+    ///
+    /// # Errors
+    /// As [`Store::complete`].
+    fn extend_lease<'a>(
+        &'a self,
+        id: &'a RecordId,
+        fence: Fence,
+        lease_until: Timestamp,
+        now: Timestamp,
+    ) -> BoxFuture<'a, Result<Settled, StoreError>>;
+
     /// Reads a live record; `None` if absent or expired at `now`.
     ///
     /// # Errors
@@ -340,6 +369,44 @@ pub trait Store: Send + Sync + 'static {
         now: Timestamp,
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>>;
+
+    /// Reads the backend's durability settings and judges them: can the
+    /// store keep the records of completed intents through a crash or a
+    /// restart? The gateway calls this once at start-up.
+    ///
+    /// The default answers [`Durability::unknown`] (no findings), so a
+    /// wrapper or a store without the check need not implement it. A
+    /// setting the backend refuses to show is a finding with the value
+    /// `unknown` and a [`Verdict::Risky`](crate::Verdict::Risky), not an
+    /// error.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the backend cannot answer at all.
+    fn durability(&self) -> BoxFuture<'_, Result<Durability, StoreError>> {
+        Box::pin(async { Ok(Durability::unknown()) })
+    }
+
+    /// Advances the store's epoch (see [`EpochWatch`](crate::EpochWatch))
+    /// at every place that can lose data on its own, one atomic step per
+    /// place: where the place has no epoch, writes `candidate` with the
+    /// counter at 1 (`created`); otherwise adds one to its counter. Answers
+    /// every place's [`EpochMark`], or an error: never some places only.
+    ///
+    /// The epoch is not a record: no purge, stale listing or key lookup
+    /// ever touches it, and it never expires.
+    ///
+    /// The default answers no marks: the store cannot tell that it forgot,
+    /// and nothing is watched.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the backend cannot answer.
+    fn advance_epoch<'a>(
+        &'a self,
+        candidate: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<EpochMark>, StoreError>> {
+        let _ = candidate;
+        Box::pin(async { Ok(Vec::new()) })
+    }
 }
 
 impl<S: Store + ?Sized> Store for Arc<S> {
@@ -362,6 +429,15 @@ impl<S: Store + ?Sized> Store for Arc<S> {
         now: Timestamp,
     ) -> BoxFuture<'a, Result<Settled, StoreError>> {
         (**self).release(id, fence, now)
+    }
+    fn extend_lease<'a>(
+        &'a self,
+        id: &'a RecordId,
+        fence: Fence,
+        lease_until: Timestamp,
+        now: Timestamp,
+    ) -> BoxFuture<'a, Result<Settled, StoreError>> {
+        (**self).extend_lease(id, fence, lease_until, now)
     }
     fn get<'a>(
         &'a self,
@@ -394,6 +470,15 @@ impl<S: Store + ?Sized> Store for Arc<S> {
     ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>> {
         (**self).find_by_key(scope, key, now, limit)
     }
+    fn durability(&self) -> BoxFuture<'_, Result<Durability, StoreError>> {
+        (**self).durability()
+    }
+    fn advance_epoch<'a>(
+        &'a self,
+        candidate: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<EpochMark>, StoreError>> {
+        (**self).advance_epoch(candidate)
+    }
 }
 
 /// What went wrong in a store.
@@ -424,6 +509,15 @@ struct Inner {
 }
 
 impl StoreError {
+    /// A call that did not answer within its deadline: [`StoreErrorKind::Unavailable`],
+    /// naming `what` (`claim`, `a purge batch`).
+    pub fn timed_out(what: &str) -> StoreError {
+        StoreError::new(
+            StoreErrorKind::Unavailable,
+            format!("{what} took longer than its deadline"),
+        )
+    }
+
     /// A new error of `kind`.
     pub fn new(kind: StoreErrorKind, message: impl Into<String>) -> StoreError {
         StoreError {

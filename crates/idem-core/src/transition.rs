@@ -191,6 +191,25 @@ pub fn may_finish(existing: Option<&Record>, fence: Fence) -> bool {
     existing.is_some_and(|r| r.status == Status::InProgress && r.fence == fence)
 }
 
+/// Moves the lease of a record that [`may_finish`] accepted to
+/// `lease_until`, never earlier than it was: the heartbeat of a long
+/// execution, or of a completion still waiting for the store. An expired
+/// record still takes its own executor's heartbeat, as it takes its
+/// result: nobody else has claimed it.
+///
+/// The record's `expires_at` rises to at least `lease_until` (never
+/// lower): a claim treats an expired record as absent, live lease or
+/// not, so a record that expired under a running execution would let a
+/// second execution start beside it.
+pub fn extend_lease(record: &mut Record, lease_until: Timestamp) {
+    record.lease_until = Some(
+        record
+            .lease_until
+            .map_or(lease_until, |l| l.max(lease_until)),
+    );
+    record.expires_at = record.expires_at.max(lease_until);
+}
+
 /// Applies a completion to a record that [`may_finish`] accepted.
 pub fn complete(record: &mut Record, completion: Completion) {
     record.status = completion.status();

@@ -137,6 +137,10 @@ where
             return Either::Left(ready(Ok(refused)));
         }
         req.extensions_mut().insert(self.peer.clone());
+        // The layer alone says that a request takes a key over (the
+        // `announce` policy); a client's own `Idem-Takeover` never reaches
+        // the upstream, keyed route or not.
+        req.headers_mut().remove(idem_http::IDEM_TAKEOVER);
         if matched == ReadPathMatch::Key {
             return Either::Right(Either::Left(self.front.read_path.call(req)));
         }

@@ -1,18 +1,17 @@
 //! Accepting client connections with every bound a hostile client needs:
 //! a connection limit, a deadline for request headers (which also closes
-//! idle keep-alive connections), a limit on how long a client may stop
-//! reading an answer, graceful draining at shutdown, and TLS when the
-//! gateway has a certificate.
+//! idle keep-alive connections) and for a connection's setup (its TLS
+//! handshake), graceful draining at shutdown. What is done to one socket
+//! (its settings, the stall guard, TLS) is the gateway's [`Accept`] step
+//! (`accept.rs`), which the loop here is generic over.
 //!
 //! axum's `serve` offers none of these knobs, so connections are served
 //! here with hyper's HTTP/1 server directly, by the gateway's own front
 //! service (`front.rs`).
 
-use std::io;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::Poll;
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -20,108 +19,19 @@ use futures_util::stream::FuturesUnordered;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio::time::Sleep;
-use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use idem_http::BoxError;
 
+use crate::accept::{Accept, Accepted, Connecting};
 use crate::error::Error;
 use crate::front::{ConnectionService, Front};
-use crate::spread::{Placed, Spread, spread};
-
 use crate::settings::ConnectionLimits;
-
-/// A connection whose writes fail once they have made no progress for
-/// `limit`: without it, a client that never reads a large answer holds its
-/// connection slot (and the upstream connection behind it) forever.
-struct StallGuard<T> {
-    io: T,
-    limit: Duration,
-    stalled: Option<Pin<Box<Sleep>>>,
-}
-
-impl<T> StallGuard<T> {
-    fn new(io: T, limit: Duration) -> StallGuard<T> {
-        StallGuard {
-            io,
-            limit,
-            stalled: None,
-        }
-    }
-
-    /// Maps a write's poll: progress clears the stall clock; `Pending`
-    /// starts it, and fails the write once it runs out.
-    fn watch<R>(&mut self, cx: &mut Context<'_>, poll: Poll<io::Result<R>>) -> Poll<io::Result<R>> {
-        match poll {
-            Poll::Ready(r) => {
-                self.stalled = None;
-                Poll::Ready(r)
-            }
-            Poll::Pending => {
-                let limit = self.limit;
-                let clock = self
-                    .stalled
-                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
-                match clock.as_mut().poll(cx) {
-                    Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "the client stopped reading",
-                    ))),
-                    Poll::Pending => Poll::Pending,
-                }
-            }
-        }
-    }
-}
-
-impl<T: AsyncRead + Unpin> AsyncRead for StallGuard<T> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
-    }
-}
-
-impl<T: AsyncWrite + Unpin> AsyncWrite for StallGuard<T> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let poll = Pin::new(&mut self.io).poll_write(cx, buf);
-        self.watch(cx, poll)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        let poll = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
-        self.watch(cx, poll)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let poll = Pin::new(&mut self.io).poll_flush(cx);
-        self.watch(cx, poll)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let poll = Pin::new(&mut self.io).poll_shutdown(cx);
-        self.watch(cx, poll)
-    }
-}
+use crate::spread::{Placed, Spread, spread};
 
 /// The threads serving client connections, started by [`serve`].
 pub(crate) struct Serving {
@@ -179,6 +89,13 @@ impl Drop for Serving {
     }
 }
 
+/// What a serving thread does before it serves, on its own runtime, given
+/// its index (opening its own store connection, say); an error stops the
+/// start-up.
+pub(crate) type ThreadStart = Arc<
+    dyn Fn(usize) -> futures_util::future::BoxFuture<'static, Result<(), BoxError>> + Send + Sync,
+>;
+
 /// Serves `fronts.len()` threads' worth of connections on `listener` until
 /// `shutdown`, then stops accepting and gives open connections `grace` to
 /// finish their requests. Each thread runs its own single-threaded event
@@ -187,23 +104,16 @@ impl Drop for Serving {
 /// each other on one thread, without waking another (BENCHMARKS.md). The
 /// threads accept from one listening socket and pass a connection on to
 /// the least loaded thread when the one that accepted it holds more
-/// (`spread.rs`); a connection stays on the thread it was placed on.
-/// With `tls`, every connection is a TLS one; its handshake must finish
-/// within the header timeout, and holds a connection slot while it runs.
+/// (`spread.rs`); a connection stays on the thread it was placed on, and
+/// is set up there by `acceptor` (a TLS handshake within the header
+/// timeout, holding a connection slot while it runs).
 ///
 /// Every thread's runtime and listener is made before any thread starts,
 /// so a failure to make one is a start-up error with nothing running.
-/// What a serving thread does before it serves, on its own runtime, given
-/// its index (opening its own store connection, say); an error stops the
-/// start-up.
-pub(crate) type ThreadStart = Arc<
-    dyn Fn(usize) -> futures_util::future::BoxFuture<'static, Result<(), BoxError>> + Send + Sync,
->;
-
-pub(crate) async fn serve(
+pub(crate) async fn serve<A: Accept>(
     listener: TcpListener,
     fronts: Vec<Front>,
-    tls: Option<Arc<rustls::ServerConfig>>,
+    acceptor: A,
     limits: ConnectionLimits,
     shutdown: &CancellationToken,
     grace: Duration,
@@ -211,7 +121,7 @@ pub(crate) async fn serve(
 ) -> Result<Serving, Error> {
     let listener = listener.into_std().map_err(Error::Start)?;
     let slots = Arc::new(Semaphore::new(limits.max_connections));
-    let acceptor = tls.map(TlsAcceptor::from);
+    let acceptor = Arc::new(acceptor);
     // The blocking pool (SQLite's reads) stays as large in all as one
     // multi-threaded runtime's.
     let blocking = (512 / fronts.len().max(1)).max(1);
@@ -304,9 +214,9 @@ pub(crate) async fn serve(
 }
 
 /// What a thread serves its connections with.
-struct ServeWith {
+struct ServeWith<A> {
     app: Front,
-    acceptor: Option<TlsAcceptor>,
+    acceptor: Arc<A>,
     slots: Arc<Semaphore>,
     limits: ConnectionLimits,
 }
@@ -340,10 +250,10 @@ async fn accept_one(
 /// One thread's accept loop and its connections, until `shutdown` and the
 /// grace after it: those it accepts and keeps, and those other threads
 /// hand it (`spread.rs`).
-async fn accept(
+async fn accept<A: Accept>(
     listener: TcpListener,
     mut spread: Spread,
-    with: ServeWith,
+    with: ServeWith<A>,
     shutdown: CancellationToken,
     grace: Duration,
 ) {
@@ -374,10 +284,7 @@ async fn accept(
         let placed = match next {
             Next::Stop => break,
             Next::Handed(placed) => placed,
-            Next::Accepted(stream, peer, permit) => {
-                let _ = stream.set_nodelay(true);
-                spread.place(stream, peer, permit)
-            }
+            Next::Accepted(stream, peer, permit) => spread.place(stream, peer, permit),
         };
         let Some(Placed { stream, peer, slot }) = placed else {
             continue;
@@ -386,30 +293,11 @@ async fn accept(
         let watcher = graceful.watcher();
         let acceptor = acceptor.clone();
         let shutdown = shutdown.clone();
-        // The stall guard is on the socket, under TLS, so it also bounds the
-        // handshake's and the close_notify's writes.
-        let io = StallGuard::new(stream, limits.stall_timeout);
         let cut_off = cut_off.clone();
         let serve = async move {
-            match acceptor {
-                None => serve_connection(io, app, limits, watcher).await,
-                Some(acceptor) => {
-                    // Bounded by the header timeout, and given up at
-                    // shutdown: a client that never says hello holds
-                    // neither its slot nor the shutdown.
-                    let handshake =
-                        tokio::time::timeout(limits.header_timeout, acceptor.accept(io));
-                    tokio::select! {
-                        done = handshake => match done {
-                            Ok(Ok(tls)) => {
-                                serve_connection(tls, app, limits, watcher).await;
-                            }
-                            Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
-                            Err(_) => tracing::debug!("TLS handshake timed out"),
-                        },
-                        () = shutdown.cancelled() => {}
-                    }
-                }
+            let conn = Connecting::new(peer, limits);
+            if let Some(accepted) = set_up(&*acceptor, stream, &conn, &shutdown).await {
+                serve_connection(accepted.into_inner(), app, limits, watcher).await;
             }
         };
         connections.spawn(async move {
@@ -425,13 +313,55 @@ async fn accept(
     // Idle connections close at once; busy ones after their response, or
     // when the grace runs out: then they are cut off (a request's own
     // future dropped; an execution it started runs on, in its own task).
-    let _ = tokio::time::timeout(grace + Duration::from_secs(1), graceful.shutdown()).await;
+    // A grace without bound (`Duration::MAX`) waits as long as they take.
+    let wait = grace.saturating_add(Duration::from_secs(1));
+    let _ = tokio::time::timeout(wait, graceful.shutdown()).await;
     cut_off.cancel();
     connections.close();
     connections.wait().await;
 }
 
-/// Serves one connection (plain or TLS, already stall-guarded) with the
+/// Sets one placed connection up with `acceptor`. A setup that is done on
+/// its first poll (plain TCP) is taken as it is, without a timer; one that
+/// waits for the client (a TLS handshake) gets the header timeout, and is
+/// given up at shutdown: a client that never says hello holds neither its
+/// slot nor the shutdown. `None` once it failed, timed out or was given up
+/// (the connection is then closed).
+async fn set_up<A: Accept>(
+    acceptor: &A,
+    stream: TcpStream,
+    conn: &Connecting,
+    shutdown: &CancellationToken,
+) -> Option<Accepted<A::Io>> {
+    let mut setup = std::pin::pin!(acceptor.accept(stream, conn));
+    let first = std::future::poll_fn(|cx| Poll::Ready(setup.as_mut().poll(cx))).await;
+    let done = match first {
+        Poll::Ready(done) => done,
+        Poll::Pending => {
+            let bounded = tokio::time::timeout(conn.limits().header_timeout, setup);
+            tokio::select! {
+                biased;
+                done = bounded => match done {
+                    Ok(done) => done,
+                    Err(_) => {
+                        tracing::debug!("connection setup (a TLS handshake, say) timed out");
+                        return None;
+                    }
+                },
+                () = shutdown.cancelled() => return None,
+            }
+        }
+    };
+    match done {
+        Ok(accepted) => Some(accepted),
+        Err(e) => {
+            tracing::debug!(error = %e, "connection setup (a TLS handshake, say) failed");
+            None
+        }
+    }
+}
+
+/// Serves one connection, as its [`Accept`] step set it up, with the
 /// header bound.
 async fn serve_connection<T>(
     io: T,

@@ -16,8 +16,8 @@ use std::sync::{Arc, OnceLock};
 use idem_http::BoxError;
 
 use idem_core::{
-    BoxFuture, Claim, ClaimRequest, Completion, Fence, Key, Record, RecordId, Scope, Settled,
-    StaleCursor, Store, StoreError, Timestamp,
+    BoxFuture, Claim, ClaimRequest, Completion, Durability, Fence, Key, Record, RecordId, Scope,
+    Settled, StaleCursor, Store, StoreError, Timestamp,
 };
 
 thread_local! {
@@ -55,13 +55,21 @@ impl std::fmt::Debug for ThreadStores {
 
 impl ThreadStores {
     /// `main` for every thread that does not serve, and an instance that
-    /// `open` makes for each of `threads` serving threads.
+    /// `open` makes for each of `threads` serving threads: the gateway's
+    /// number ([`Gateway::threads`](crate::Gateway::threads)).
+    /// [`Gateway::start`](crate::Gateway::start) refuses stores made for
+    /// another number ([`Error::ThreadStores`](crate::Error::ThreadStores)).
     pub fn new(main: Arc<dyn Store>, threads: usize, open: OpenStore) -> Arc<ThreadStores> {
         Arc::new(ThreadStores {
             main,
             threads: (0..threads).map(|_| OnceLock::new()).collect(),
             open,
         })
+    }
+
+    /// The number of serving threads these were made for.
+    pub(crate) fn threads(&self) -> usize {
+        self.threads.len()
     }
 
     /// Opens serving thread `index`'s instance, on that thread.
@@ -116,6 +124,16 @@ impl Store for ThreadStores {
         self.here().release(id, fence, now)
     }
 
+    fn extend_lease<'a>(
+        &'a self,
+        id: &'a RecordId,
+        fence: Fence,
+        lease_until: Timestamp,
+        now: Timestamp,
+    ) -> BoxFuture<'a, Result<Settled, StoreError>> {
+        self.here().extend_lease(id, fence, lease_until, now)
+    }
+
     fn get<'a>(
         &'a self,
         id: &'a RecordId,
@@ -149,6 +167,19 @@ impl Store for ThreadStores {
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>> {
         self.here().find_by_key(scope, key, now, limit)
+    }
+
+    /// The main instance's report: every instance talks to the same server.
+    fn durability(&self) -> BoxFuture<'_, Result<Durability, StoreError>> {
+        self.main.durability()
+    }
+
+    /// The main instance's epoch: every instance talks to the same server.
+    fn advance_epoch<'a>(
+        &'a self,
+        candidate: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<idem_core::EpochMark>, StoreError>> {
+        self.main.advance_epoch(candidate)
     }
 }
 

@@ -74,6 +74,40 @@ impl IdempotencyLayer {
             shared: self.shared.clone(),
         }
     }
+
+    /// The request header the key is read from
+    /// ([`IdempotencyLayerBuilder::key_header`]). A proxy behind the
+    /// layer must pass it on as the client sent it (never strip it because
+    /// a client's `Connection` names it): the upstream deduplicates on it.
+    pub fn key_header(&self) -> &HeaderName {
+        &self.shared.settings.key_header
+    }
+
+    /// The request headers the scope is read from
+    /// ([`IdempotencyLayerBuilder::scope`]): `Authorization` by default,
+    /// the named ones for [`ScopeSource::Header`] and
+    /// [`ScopeSource::Headers`], none for [`ScopeSource::Custom`] (its
+    /// function may read any; whoever sets it knows which). A proxy behind
+    /// the layer must pass them on as the client sent them, or the
+    /// upstream would act for another scope than the one the record was
+    /// claimed under.
+    pub fn scope_headers(&self) -> &[HeaderName] {
+        static AUTHORIZATION: HeaderName = http::header::AUTHORIZATION;
+        match &self.shared.settings.scope {
+            ScopeSource::Authorization => std::slice::from_ref(&AUTHORIZATION),
+            ScopeSource::Header(name) => std::slice::from_ref(name),
+            ScopeSource::Headers(names) => names,
+            ScopeSource::Custom(_) => &[],
+        }
+    }
+
+    /// The largest response body the layer stores for replay
+    /// ([`IdempotencyLayerBuilder::response_limit`]): it reads a keyed
+    /// answer whole up to this many bytes (and one more) before it stores
+    /// or streams it.
+    pub fn response_limit(&self) -> usize {
+        self.shared.settings.response_limit
+    }
 }
 
 impl<S> Layer<S> for IdempotencyLayer {
@@ -227,6 +261,19 @@ impl IdempotencyLayerBuilder {
         self
     }
 
+    /// How many bytes of answers the layer may hold while the store has not
+    /// taken their completion (it failed or timed out when the execution
+    /// ended). Such a completion is retried in the background, with backoff,
+    /// until the store takes it, while a retry of the key that reaches this
+    /// process is answered from the held answer; the claim's lease is kept
+    /// alive meanwhile. Past the budget the answer is held as its status and
+    /// a `response-not-stored` problem instead of whole, so the key still
+    /// never runs twice. Default 64 MiB.
+    pub fn pending_completion_budget(mut self, bytes: usize) -> Self {
+        self.settings.pending_budget = bytes;
+        self
+    }
+
     /// Keep finished records that were replayed, up to `bytes` in all, so
     /// that a key retried again is answered without the store. Safe with
     /// instances sharing a store: a finished record does not change until
@@ -249,7 +296,7 @@ impl IdempotencyLayerBuilder {
 /// Shutdown and metrics for a layer's executions.
 #[derive(Clone)]
 pub struct LayerHandle {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
 }
 
 impl std::fmt::Debug for LayerHandle {
@@ -264,7 +311,11 @@ impl LayerHandle {
     /// their clients get 503. Returns when every execution has ended.
     /// Requests that arrive afterwards are answered 503 with their claims
     /// released if the grace ran out, and still run if it did not; stop
-    /// accepting first.
+    /// accepting first. Completions held while the store did not take
+    /// them are retried through the grace, then tried once more; each one
+    /// the store still did not take is logged (its key hashed) and counted
+    /// in `idem_unrecorded_completions_total`. Owed releases are retried
+    /// through the grace too, and then left to end with their leases.
     pub async fn shutdown(&self, grace: Duration) {
         let tracker = &self.shared.tracker;
         tracker.close();
@@ -274,22 +325,62 @@ impl LayerHandle {
         }
     }
 
-    /// How many executions are running (or were started and not yet
-    /// ended) in this process.
+    /// How many of the layer's tasks are running: executions (started and
+    /// not yet ended), held completions' retries and owed releases' retries
+    /// (all on one tracker, so that the shutdown waits for each of them).
     pub fn executions(&self) -> usize {
         self.shared.tracker.len()
+    }
+
+    /// How many releases the store did not take at once and are being
+    /// retried in the background, until the store takes them or their
+    /// lease ends.
+    pub fn owed_releases(&self) -> usize {
+        self.shared
+            .owed_releases
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Refreshes the in-progress gauges (the oldest age grows without any
     /// event); call it on a timer.
     pub fn report_metrics(&self) {
         self.shared.in_progress.report(&self.shared.meters);
+        let pending = &self.shared.pending;
+        self.shared.meters.pending(pending.len(), pending.bytes());
+        self.shared.meters.owed_releases(self.owed_releases());
+    }
+
+    /// A reconciler that resolves stale records by their operation's
+    /// takeover policy ([`ByTakeoverPolicy`](crate::maintenance::ByTakeoverPolicy)),
+    /// for [`Maintenance::reconcile`](crate::maintenance::Maintenance::reconcile)
+    /// where the application cannot look up what happened.
+    pub fn takeover_reconciler(&self) -> crate::maintenance::ByTakeoverPolicy {
+        crate::maintenance::ByTakeoverPolicy(self.shared.clone())
+    }
+
+    /// How many completions this layer holds because the store did not
+    /// take them when their execution ended; each is being retried.
+    pub fn pending_completions(&self) -> usize {
+        self.shared.pending.len()
     }
 
     /// How many records have requests waiting on them in this process
     /// (wait mode). Entries live only while someone waits.
     pub fn waiting(&self) -> usize {
         self.shared.waiters.len()
+    }
+
+    /// The watch that notices the layer's store losing records and then
+    /// refuses the layer's new claims for a window as long as its longest
+    /// lease ([`StoreWatch`](crate::store_watch::StoreWatch)); run it with
+    /// [`Maintenance::watch_store`](crate::maintenance::Maintenance::watch_store).
+    /// Every watch of one layer opens the same window.
+    pub fn store_watch(&self) -> crate::store_watch::StoreWatch {
+        crate::store_watch::StoreWatch::new(
+            self.shared.store.clone(),
+            self.shared.loss_window.clone(),
+            self.shared.settings.longest_lease(),
+        )
     }
 
     /// The store the layer uses.

@@ -121,14 +121,18 @@ mod key_header;
 mod layer;
 pub mod maintenance;
 pub mod metrics;
+mod pending;
 mod problem;
 mod read_path;
 mod rejection;
 mod replay;
 mod replay_cache;
+#[cfg(feature = "axum")]
+mod route_check;
 mod rule;
 mod service;
 mod shared;
+pub mod store_watch;
 mod wait;
 
 pub use body::{Body, BoxError, boxed, full};
@@ -136,7 +140,7 @@ pub use context::IdempotencyContext;
 #[cfg(feature = "axum")]
 pub use extract::MissingIdempotencyContext;
 pub use flow::{OutcomeUnknown, UnverifiedEnd};
-pub use key_header::IDEMPOTENCY_KEY;
+pub use key_header::{IDEM_TAKEOVER, IDEMPOTENCY_KEY};
 pub use layer::{DEFAULT_REPLAY_CACHE, IdempotencyLayer, IdempotencyLayerBuilder, LayerHandle};
 pub use problem::{PROBLEM_JSON, Problem};
 pub use read_path::{ReadPath, RecordView, ResponseView, lookup};
@@ -145,6 +149,8 @@ pub use replay::{
     DEFAULT_STORED_HEADERS, IDEMPOTENCY_KEY_EXPIRES, IDEMPOTENT_REPLAYED, http_date,
     stored_to_response,
 };
+#[cfg(feature = "axum")]
+pub use route_check::{RouteFinding, RouteProblem};
 pub use rule::{
     KeyRequirement, MAX_SCOPE_HEADER_LEN, PathPattern, RouteRule, ScopeError, ScopeFn, ScopeSource,
 };

@@ -11,10 +11,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::{
-    Reconcile, ReconcileReport, Store, StoreError, StoreErrorKind, Timestamp, reconcile_once,
+    BoxFuture, Reconcile, ReconcileReport, Record, Resolution, Store, StoreError, Takeover,
+    Timestamp, reconcile_once,
 };
 use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
+
+use crate::shared::Shared;
+use crate::store_watch::StoreWatch;
+/// What stops [`Maintenance::spawn`]'s task (tokio-util's, re-exported so
+/// that starting maintenance needs no dependency of your own).
+pub use tokio_util::sync::CancellationToken;
 
 /// Reconciliation counter.
 pub const RECONCILED: &str = "idem_reconciled_total";
@@ -33,6 +39,34 @@ pub fn register_metrics() {
         metrics::counter!(RECONCILED, "action" => action).increment(0);
     }
 }
+/// Stale records resolved by their operation's takeover policy (what a
+/// gateway, which cannot see whether its upstream acted, reconciles with):
+/// released where the policy is `reexecute`, so that the next retry runs
+/// at once; left where it is `hold` (for an operator: `idem records
+/// release`) or `announce` (the next retry takes the key over and tells the
+/// operation so). Made by [`LayerHandle::takeover_reconciler`](crate::LayerHandle::takeover_reconciler).
+#[derive(Clone)]
+pub struct ByTakeoverPolicy(pub(crate) Arc<Shared>);
+
+impl std::fmt::Debug for ByTakeoverPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ByTakeoverPolicy").finish_non_exhaustive()
+    }
+}
+
+impl Reconcile for ByTakeoverPolicy {
+    fn resolve<'a>(
+        &'a self,
+        record: &'a Record,
+    ) -> BoxFuture<'a, Result<Resolution, Box<dyn std::error::Error + Send + Sync>>> {
+        let resolution = match self.0.settings.takeover_of(&record.id.operation) {
+            Takeover::Reexecute => Resolution::Release,
+            _ => Resolution::Leave,
+        };
+        Box::pin(async move { Ok(resolution) })
+    }
+}
+
 /// Records deleted per purge call.
 pub const PURGE_BATCH: usize = 1000;
 /// Stale records handed to recovery per pass.
@@ -60,7 +94,7 @@ pub async fn purge_expired(
     loop {
         let n = tokio::time::timeout(batch_timeout, store.purge_expired(cutoff, batch))
             .await
-            .unwrap_or_else(|_| Err(timed_out("a purge batch")))?;
+            .unwrap_or_else(|_| Err(StoreError::timed_out("a purge batch")))?;
         metrics::counter!(PURGED).increment(n as u64);
         total += n;
         if n < batch {
@@ -92,6 +126,7 @@ pub struct Maintenance {
     interval: Duration,
     store_timeout: Duration,
     reconcile: Option<Arc<dyn Reconcile>>,
+    watch: Option<StoreWatch>,
 }
 
 impl std::fmt::Debug for Maintenance {
@@ -100,6 +135,7 @@ impl std::fmt::Debug for Maintenance {
             .field("interval", &self.interval)
             .field("store_timeout", &self.store_timeout)
             .field("reconcile", &self.reconcile.is_some())
+            .field("watch", &self.watch)
             .finish_non_exhaustive()
     }
 }
@@ -112,6 +148,7 @@ impl Maintenance {
             interval: Duration::from_secs(60),
             store_timeout: Duration::from_secs(5),
             reconcile: None,
+            watch: None,
         }
     }
 
@@ -134,6 +171,14 @@ impl Maintenance {
     /// decides per record, as the ledger example does).
     pub fn reconcile(mut self, reconcile: Arc<dyn Reconcile>) -> Maintenance {
         self.reconcile = Some(reconcile);
+        self
+    }
+
+    /// Also runs `watch` (from [`LayerHandle::store_watch`](crate::LayerHandle::store_watch)),
+    /// on its own interval: a store that lost records is noticed, and the
+    /// layer refuses new claims for the loss window.
+    pub fn watch_store(mut self, watch: StoreWatch) -> Maintenance {
+        self.watch = Some(watch);
         self
     }
 
@@ -173,7 +218,7 @@ impl Maintenance {
             ),
         )
         .await
-        .unwrap_or_else(|_| Err(timed_out("reconciliation")));
+        .unwrap_or_else(|_| Err(StoreError::timed_out("reconciliation")));
         match pass {
             Ok(report) => record(&report),
             Err(e) => {
@@ -202,20 +247,18 @@ impl Maintenance {
                     }
                 }
             };
+            let watch = self.watch.clone().map(|w| w.run(stop.clone()));
             tokio::join!(
                 every(self.clone(), stop.clone(), false),
-                every(self, stop, true)
+                every(self, stop, true),
+                async move {
+                    if let Some(watch) = watch {
+                        watch.await;
+                    }
+                }
             );
         })
     }
-}
-
-/// A store call that passed its deadline: unavailable (503, fail closed).
-pub(crate) fn timed_out(what: &str) -> StoreError {
-    StoreError::new(
-        StoreErrorKind::Unavailable,
-        format!("{what} took longer than its deadline"),
-    )
 }
 
 #[cfg(test)]

@@ -40,9 +40,25 @@ pub const STORE_DURATION: &str = "idem_store_duration_seconds";
 pub const REPLAY_CACHE_HITS: &str = "idem_replay_cache_hits_total";
 /// Completions refused for a stale fence.
 pub const STALE: &str = "idem_stale_completions_total";
-/// Executions answered whose result could not be stored before their
-/// lease ended (the store failed throughout).
+/// Executions whose result was never stored: the store failed until the
+/// layer shut down, the record expired, or too many were held already.
+/// Each such key stays in progress until its lease ends.
 pub const UNRECORDED: &str = "idem_unrecorded_completions_total";
+/// Completions the store failed to take at once, held in memory and
+/// retried in the background (`pending.rs`).
+pub const DEFERRED: &str = "idem_completions_deferred_total";
+/// Releases the store failed to take at once, retried in the background
+/// until it takes them or their lease ends (`flow/release.rs`).
+pub const RELEASES_DEFERRED: &str = "idem_releases_deferred_total";
+/// Releases owed now, retried in the background.
+pub const RELEASES_OWED: &str = "idem_releases_owed";
+/// Completions held now, waiting for the store.
+pub const PENDING: &str = "idem_completions_pending";
+/// What the held completions cost, in bytes (against the layer's budget).
+pub const PENDING_BYTES: &str = "idem_completions_pending_bytes";
+/// Executions that found their claim taken from them while they ran (a
+/// lease heartbeat answered with a stale fence).
+pub const LEASES_LOST: &str = "idem_leases_lost_total";
 
 /// How a keyed request ended, as counted in `idem_requests_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,16 +146,18 @@ pub(crate) enum StoreOp {
     Release,
     Get,
     FindByKey,
+    ExtendLease,
 }
 
 impl StoreOp {
     /// In the order of [`StoreOp::index`].
-    const ALL: [StoreOp; 5] = [
+    const ALL: [StoreOp; 6] = [
         StoreOp::Claim,
         StoreOp::Complete,
         StoreOp::Release,
         StoreOp::Get,
         StoreOp::FindByKey,
+        StoreOp::ExtendLease,
     ];
 
     const fn index(self) -> usize {
@@ -149,6 +167,7 @@ impl StoreOp {
             StoreOp::Release => 2,
             StoreOp::Get => 3,
             StoreOp::FindByKey => 4,
+            StoreOp::ExtendLease => 5,
         }
     }
 
@@ -160,6 +179,7 @@ impl StoreOp {
             StoreOp::Release => "release",
             StoreOp::Get => "get",
             StoreOp::FindByKey => "find_by_key",
+            StoreOp::ExtendLease => "extend_lease",
         }
     }
 }
@@ -180,6 +200,12 @@ struct Handles {
     replay_cache_hits: Counter,
     stale: Counter,
     unrecorded: Counter,
+    deferred: Counter,
+    deferred_releases: Counter,
+    owed_releases: Gauge,
+    pending: Gauge,
+    pending_bytes: Gauge,
+    leases_lost: Counter,
     in_progress: Gauge,
     oldest: Gauge,
 }
@@ -196,6 +222,12 @@ impl Meters {
             replay_cache_hits: metrics::counter!(REPLAY_CACHE_HITS),
             stale: metrics::counter!(STALE),
             unrecorded: metrics::counter!(UNRECORDED),
+            deferred: metrics::counter!(DEFERRED),
+            deferred_releases: metrics::counter!(RELEASES_DEFERRED),
+            owed_releases: metrics::gauge!(RELEASES_OWED),
+            pending: metrics::gauge!(PENDING),
+            pending_bytes: metrics::gauge!(PENDING_BYTES),
+            leases_lost: metrics::counter!(LEASES_LOST),
             in_progress: metrics::gauge!(IN_PROGRESS),
             oldest: metrics::gauge!(OLDEST),
         })
@@ -234,6 +266,30 @@ impl Meters {
     pub(crate) fn unrecorded_completion(&self) {
         self.handles().unrecorded.increment(1);
     }
+
+    pub(crate) fn deferred_completion(&self) {
+        self.handles().deferred.increment(1);
+    }
+
+    pub(crate) fn deferred_release(&self) {
+        self.handles().deferred_releases.increment(1);
+    }
+
+    /// Sets the owed-release gauge.
+    pub(crate) fn owed_releases(&self, owed: usize) {
+        self.handles().owed_releases.set(owed as f64);
+    }
+
+    /// Sets the pending-completion gauges.
+    pub(crate) fn pending(&self, held: usize, bytes: usize) {
+        let handles = self.handles();
+        handles.pending.set(held as f64);
+        handles.pending_bytes.set(bytes as f64);
+    }
+
+    pub(crate) fn lease_lost(&self) {
+        self.handles().leases_lost.increment(1);
+    }
 }
 
 /// This process's running executions, for the in-progress gauges.
@@ -259,6 +315,11 @@ impl InProgress {
         let mut started = self.lock();
         started.remove(&id);
         Self::report_locked(&started, meters);
+    }
+
+    /// Whether an execution that began before `t` is still running.
+    pub(crate) fn started_before(&self, t: Instant) -> bool {
+        self.lock().first_key_value().is_some_and(|(_, s)| *s < t)
     }
 
     /// Sets both gauges; call it on a timer too, since the oldest age grows

@@ -30,7 +30,6 @@ use crate::body::{Body, full};
 use crate::metrics::StoreOp;
 use crate::problem::Problem;
 use crate::rejection::Rejection;
-use crate::rule::ScopeError;
 use crate::shared::{Shared, store_call};
 
 /// A record as JSON for its owner: status, resource id, expiry, and the
@@ -172,7 +171,14 @@ impl ReadPath {
             .map_err(|e| Rejection::InvalidKey(e).problem())?;
         let scope = match self.shared.settings.scope.scope_of(parts) {
             Ok(s) if s == Scope::anonymous() && !self.anonymous_reads => {
-                return Err(Rejection::Scope(ScopeError::CredentialRequired).problem());
+                // The same problem type as the layer's, with a detail for a
+                // read: nothing runs here either way.
+                return Err(Problem::idem(
+                    http::StatusCode::UNAUTHORIZED,
+                    "credential-required",
+                    "Credential required",
+                    "Records are served to the caller that made them: send the same credential (Authorization, or the scope headers) as the request with this key. This server does not serve records of anonymous callers.",
+                ));
             }
             Ok(s) => s,
             Err(e) => return Err(Rejection::Scope(e).problem()),
@@ -225,14 +231,26 @@ impl ReadPath {
             }
         };
         match found {
-            Ok(records) => records.first().map(RecordView::from).ok_or_else(|| {
-                Problem::idem(
-                    StatusCode::NOT_FOUND,
-                    "record-not-found",
-                    "No such record",
-                    "No live record for this key and credential.",
-                )
-            }),
+            Ok(records) => match records.first() {
+                Some(record) => Ok(RecordView::from(record)),
+                // The store lost records, or was met down and not checked
+                // since: "none" may be one it forgot.
+                None => match self.shared.loss_window.retry_after(Timestamp::now()) {
+                    Some(retry_after) => Err(Rejection::StoreLostRecords { retry_after }.problem()),
+                    None if self.shared.loss_window.awaiting_check() => {
+                        Err(Rejection::StoreUnavailable {
+                            retry_after: self.shared.settings.unavailable_retry_after,
+                        }
+                        .problem())
+                    }
+                    None => Err(Problem::idem(
+                        StatusCode::NOT_FOUND,
+                        "record-not-found",
+                        "No such record",
+                        "No live record for this key and credential.",
+                    )),
+                },
+            },
             Err(e) => {
                 tracing::warn!(error = %e, "record look-up failed");
                 Err(Rejection::StoreUnavailable {

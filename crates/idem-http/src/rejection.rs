@@ -35,6 +35,13 @@ pub enum Rejection {
         /// Sent as `Retry-After`.
         retry_after: Duration,
     },
+    /// 503: the store lost records (emptied, replaced or rolled back) and
+    /// new claims are refused until the loss window closes; nothing was
+    /// executed.
+    StoreLostRecords {
+        /// Sent as `Retry-After`: when the window closes.
+        retry_after: Duration,
+    },
     /// 413: the body is over the limit.
     BodyTooLarge {
         /// The limit in bytes.
@@ -55,6 +62,11 @@ pub enum Rejection {
     /// half-way, or the server stopped while it ran); the claim is held
     /// until its lease ends, so a retry meets 409 until then.
     OutcomeUnknown,
+    /// 500: an earlier request with this key may have taken effect (its
+    /// executor stopped before recording the outcome), and the route's
+    /// takeover policy is to hold: it is not executed again until an
+    /// operator resolves the record or it expires.
+    OutcomeUnresolved,
 }
 
 impl Rejection {
@@ -118,6 +130,13 @@ impl Rejection {
                 "The request was not executed. Retry with the same key after the time in Retry-After.".into(),
             )
             .with_retry_after(*retry_after),
+            Rejection::StoreLostRecords { retry_after } => p(
+                S::SERVICE_UNAVAILABLE,
+                "store-lost-records",
+                "Idempotency store lost records",
+                "The idempotency store lost records it had acknowledged (it was emptied, replaced or rolled back), so requests already running elsewhere may not be known to it. The request was not executed. Retry with the same key after the time in Retry-After.".into(),
+            )
+            .with_retry_after(*retry_after),
             Rejection::BodyTooLarge { limit } => p(
                 S::PAYLOAD_TOO_LARGE,
                 "body-too-large",
@@ -166,6 +185,12 @@ impl Rejection {
                 "Outcome unknown",
                 "Whether the request took effect is unknown. Its key stays held until the lease ends; retry with the same key (you will get 409 until then), or read the record.".into(),
             ),
+            Rejection::OutcomeUnresolved => p(
+                S::INTERNAL_SERVER_ERROR,
+                "outcome-unresolved",
+                "Outcome unresolved",
+                "An earlier request with this key may have taken effect: the server running it stopped before recording its outcome. It is not executed again until an operator resolves it or the key expires. Read GET /_idem/records/{key} for its state; do not send the request again under a new key unless you know the first did not take effect.".into(),
+            ),
         }
     }
 
@@ -185,13 +210,15 @@ impl Rejection {
             Rejection::RepeatedKey | Rejection::InvalidKey(_) => Outcome::InvalidKey,
             Rejection::Mismatch => Outcome::Mismatch,
             Rejection::InFlight { .. } => Outcome::Conflict,
-            Rejection::StoreUnavailable { .. } => Outcome::StoreUnavailable,
+            Rejection::StoreUnavailable { .. } | Rejection::StoreLostRecords { .. } => {
+                Outcome::StoreUnavailable
+            }
             Rejection::BodyTooLarge { .. }
             | Rejection::UnreadableBody
             | Rejection::BodyTimeout
             | Rejection::Scope(_) => Outcome::InvalidRequest,
             Rejection::HandlerFailed | Rejection::ShuttingDown => Outcome::Released,
-            Rejection::OutcomeUnknown => Outcome::Held,
+            Rejection::OutcomeUnknown | Rejection::OutcomeUnresolved => Outcome::Held,
         }
     }
 

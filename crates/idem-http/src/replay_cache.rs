@@ -70,7 +70,7 @@ fn allocation(len: usize) -> usize {
 /// and the entry's slot in the tables. A header costs its slot in the list
 /// whatever its length, so a response of many empty headers weighs what it
 /// holds.
-fn weight(id: &RecordId, response: &StoredResponse) -> usize {
+pub(crate) fn weight(id: &RecordId, response: &StoredResponse) -> usize {
     SLOT + allocation(2 * size_of::<usize>() + size_of::<Finished>())
         + allocation(id.scope.as_str().len())
         + allocation(id.operation.as_str().len())

@@ -82,6 +82,22 @@ impl PathPattern {
     pub fn as_str(&self) -> &str {
         &self.raw
     }
+
+    /// A path the pattern matches: each `{name}` and a final `*` stand
+    /// for one segment, `x`.
+    #[cfg(feature = "axum")]
+    pub(crate) fn example(&self) -> String {
+        let segments = self.segments.iter().map(|s| match s {
+            Segment::Literal(l) => l.as_str(),
+            Segment::Param | Segment::Rest => "x",
+        });
+        let mut path: String = segments.map(|s| format!("/{s}")).collect();
+        // A pattern written with a trailing slash names a route with one.
+        if path.is_empty() || self.raw.ends_with('/') {
+            path.push('/');
+        }
+        path
+    }
 }
 
 /// A pattern or path with exactly one leading `/`: how a pattern names its
@@ -178,6 +194,16 @@ impl RouteRule {
         self
     }
 
+    /// What a takeover of an abandoned claim does on this route (sets it
+    /// on the rule's policy). Default [`Takeover::Hold`](idem_core::Takeover::Hold).
+    /// A handler in atomic mode can take [`Takeover::Reexecute`](idem_core::Takeover::Reexecute):
+    /// its record completes in the transaction of its effect, so a claim
+    /// left in progress is one whose effect never committed.
+    pub fn takeover(mut self, takeover: idem_core::Takeover) -> Self {
+        self.policy = self.policy.with_takeover(takeover);
+        self
+    }
+
     /// Fingerprint only these JSON pointers. Default: the whole body.
     pub fn fingerprint_fields<I: IntoIterator<Item = S>, S: Into<String>>(
         mut self,
@@ -204,6 +230,13 @@ impl RouteRule {
     /// Whether a request with `method` on `path` falls under this rule.
     pub fn matches(&self, method: &Method, path: &str) -> bool {
         self.methods.iter().any(|(m, _)| m == method) && self.path.matches(path)
+    }
+
+    /// Whether this rule names the router's `route` (a pattern as
+    /// registered, `/payments/{id}`) for `method`: the same pattern, up to
+    /// the leading `/`.
+    pub(crate) fn names_route(&self, method: &Method, route: &str) -> bool {
+        self.methods.iter().any(|(m, _)| m == method) && self.path.as_str() == rooted(route)
     }
 
     /// The operation a request with `method` under this rule belongs to.

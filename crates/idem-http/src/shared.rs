@@ -9,16 +9,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderName, Method, Response};
-use idem_core::{KeyPolicy, Operation, Store, StoreError};
+use idem_core::{KeyPolicy, Operation, Store, StoreError, Takeover};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::body::Body;
 use crate::key_header::IDEMPOTENCY_KEY;
 use crate::metrics::{InProgress, Meters, StoreOp};
+use crate::pending::PendingCompletions;
 use crate::rejection::Rejection;
 use crate::replay_cache::ReplayCache;
 use crate::rule::{RouteRule, ScopeSource};
+use crate::store_watch::LossWindow;
 use crate::wait::Waiters;
 
 /// The layer's fixed settings: what its builder sets, read by every
@@ -43,6 +45,8 @@ pub(crate) struct Settings {
     pub(crate) hold_unknown_outcomes: bool,
     pub(crate) in_flight_retry_after: Duration,
     pub(crate) unavailable_retry_after: Duration,
+    /// Bytes of answers held while the store has not taken them.
+    pub(crate) pending_budget: usize,
 }
 
 impl Default for Settings {
@@ -63,13 +67,15 @@ impl Default for Settings {
             hold_unknown_outcomes: false,
             in_flight_retry_after: Duration::from_secs(1),
             unavailable_retry_after: Duration::from_secs(1),
+            pending_budget: 64 * 1024 * 1024,
         }
     }
 }
 
 /// Everything one layer's services share: its settings, and the state
 /// that lives as long as the layer (the store, the waiters, the
-/// executions in progress, the meters, the shutdown, the replay cache).
+/// executions in progress, the meters, the shutdown, the replay cache, the
+/// completions awaiting the store).
 pub(crate) struct Shared {
     pub(crate) settings: Settings,
     pub(crate) store: Arc<dyn Store>,
@@ -80,19 +86,70 @@ pub(crate) struct Shared {
     pub(crate) tracker: TaskTracker,
     /// Finished records replayed before; `None`: off.
     pub(crate) replays: Option<ReplayCache>,
+    /// Completions the store has not taken yet.
+    pub(crate) pending: PendingCompletions,
+    /// Releases the store did not take at once, retried in the
+    /// background (`flow/release.rs`).
+    pub(crate) owed_releases: std::sync::atomic::AtomicUsize,
+    /// Open after the store lost records: new claims refused
+    /// (`store_watch.rs`).
+    pub(crate) loss_window: Arc<LossWindow>,
+    /// Routes (method and axum route) already logged as claimed under the
+    /// default rule: each is logged once.
+    default_routes: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl Settings {
+    /// The longest lease any of the layer's rules gives: the shortest the
+    /// loss window may be.
+    pub(crate) fn longest_lease(&self) -> Duration {
+        self.rules
+            .iter()
+            .chain(std::iter::once(&self.default_rule))
+            .map(|r| r.policy.lease())
+            .max()
+            .unwrap_or_default()
+    }
+
     /// The rule for a request: the first configured rule that matches, or
     /// the default rule for the default methods (POST and PATCH), whose
     /// operation is the literal path. `None`: pass through.
     pub(crate) fn rule_for(&self, method: &Method, path: &str) -> Option<Arc<RouteRule>> {
+        self.rule_for_route(method, path, None)
+    }
+
+    /// [`Settings::rule_for`], where the router matched the request to
+    /// `route` (axum's `MatchedPath`, the route as registered: a rule
+    /// written as the same pattern is the route's, whatever the raw path,
+    /// `{*rest}` included), before the raw path is tried.
+    pub(crate) fn rule_for_route(
+        &self,
+        method: &Method,
+        path: &str,
+        route: Option<&str>,
+    ) -> Option<Arc<RouteRule>> {
+        if let Some(route) = route
+            && let Some(rule) = self.rules.iter().find(|r| r.names_route(method, route))
+        {
+            return Some(rule.clone());
+        }
         if let Some(rule) = self.rules.iter().find(|r| r.matches(method, path)) {
             return Some(rule.clone());
         }
         self.default_methods
             .contains(method)
             .then(|| self.default_rule.clone())
+    }
+
+    /// The takeover policy of the rule a record's operation was made by:
+    /// the first configured rule that names it, or the default rule.
+    pub(crate) fn takeover_of(&self, operation: &Operation) -> Takeover {
+        self.rules
+            .iter()
+            .find(|r| r.operations().any(|o| o == *operation))
+            .unwrap_or(&self.default_rule)
+            .policy
+            .takeover()
     }
 
     /// The operation of a request `rule_for` gave `rule`: its pattern's, or
@@ -120,14 +177,39 @@ impl Shared {
         replays: Option<ReplayCache>,
     ) -> Shared {
         Shared {
-            settings,
             store,
             waiters: Waiters::default(),
             in_progress: InProgress::default(),
             meters: Meters::default(),
             shutdown: CancellationToken::new(),
             tracker: TaskTracker::new(),
+            owed_releases: Default::default(),
             replays,
+            pending: PendingCompletions::new(settings.pending_budget, settings.response_limit),
+            loss_window: Arc::new(LossWindow::default()),
+            default_routes: std::sync::Mutex::default(),
+            settings,
+        }
+    }
+
+    /// Logs, once per route, that the router's `route` is claimed under
+    /// the default rule (no [`RouteRule`] names it): a key is required on
+    /// it, with the default policy, which a `/login` or a route whose rule
+    /// has a typo did not mean. Routes come from the router, not the
+    /// client, so the set stays small; past 1,000 nothing more is logged.
+    pub(crate) fn note_default_route(&self, rule: &Arc<RouteRule>, method: &Method, route: &str) {
+        if !Arc::ptr_eq(rule, &self.settings.default_rule) {
+            return;
+        }
+        let mut seen = self
+            .default_routes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if seen.len() >= 1000 {
+            return;
+        }
+        if seen.insert(format!("{method} {route}")) {
+            tracing::warn!(%method, route, "no RouteRule names this route: its requests are claimed under the default rule (a key required, the default policy); name it with RouteRule::new, or leave its method out of default_methods");
         }
     }
 
@@ -159,5 +241,11 @@ pub(crate) async fn store_call<T>(
             tokio::time::timeout(shared.settings.store_timeout, fut).await
         })
         .await
-        .unwrap_or_else(|_| Err(crate::maintenance::timed_out(op.as_str())))
+        .unwrap_or_else(|_| Err(StoreError::timed_out(op.as_str())))
+        // A store met down may come back empty: check its epoch at once.
+        .inspect_err(|e| {
+            if e.is_unavailable() {
+                shared.loss_window.suspect();
+            }
+        })
 }

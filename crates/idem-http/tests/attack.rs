@@ -34,10 +34,10 @@ fn loses_completions(fail: Arc<AtomicU32>) -> FaultyStore {
 
 /// docs/contract.md, *Records and their state machine*: "a completed record is durable before its
 /// response leaves the server". A store that fails several completions in
-/// a row and then answers: the client's 201 leaves only once the record is
-/// completed, and the retry replays it. (A store that stays down for the
-/// whole lease is the documented limit: the client still gets its answer,
-/// and the record stays in progress until recovery.)
+/// a row and then answers (within the two seconds an answer waits for its
+/// completion): the client's 201 leaves only once the record is completed,
+/// and the retry replays it. (A store that stays down longer: the answer
+/// leaves and its completion is held and retried, `tests/store_faults.rs`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_success_leaves_only_with_its_record_when_the_store_recovers() {
     let fail = Arc::new(AtomicU32::new(0));

@@ -229,3 +229,43 @@ async fn under_route_layer_unknown_routes_are_not_claimed_or_recorded() {
     assert_eq!(again.headers()[IDEMPOTENT_REPLAYED], "true");
     assert_eq!(records_of(&*store, &k).await, 1);
 }
+
+/// Under `route_layer`, a rule written as the router's route is that
+/// route's, whatever the raw path: axum's `{*rest}` (which the layer's own
+/// patterns do not know) gets the rule's field selection, so a retry that
+/// differs only in a field left out is a replay; the same router with the
+/// rule's pattern mistyped falls back to the default rule (the whole body
+/// fingerprinted) and the retry is refused as another request.
+#[tokio::test]
+async fn rules_are_matched_to_the_routers_route() {
+    let app = |rule_path: &str, runs: Arc<Runs>| {
+        let layer = IdempotencyLayer::builder(MemoryStore::new())
+            .route(RouteRule::post(rule_path).fingerprint_fields(["amount"]))
+            .build();
+        Router::new()
+            .route("/files/{*rest}", post(maybe_context))
+            .route_layer(layer)
+            .with_state(runs)
+    };
+    let client = reqwest::Client::new();
+    for (rule_path, retry_status) in [("/files/{*rest}", 201), ("/file/{*rest}", 422)] {
+        let runs = Arc::new(Runs::default());
+        let base = serve(app(rule_path, runs.clone())).await;
+        let k = key();
+        let send = |note: &'static str| {
+            client
+                .post(format!("{base}/files/a/b/c"))
+                .header(IDEMPOTENCY_KEY, k.as_str())
+                .header("content-type", "application/json")
+                .body(format!(r#"{{"amount":5,"note":"{note}"}}"#))
+                .send()
+        };
+        assert_eq!(send("first").await.unwrap().status(), 201);
+        let retry = send("second").await.unwrap();
+        assert_eq!(retry.status().as_u16(), retry_status, "rule {rule_path}");
+        if retry_status == 201 {
+            assert!(retry.headers().contains_key(IDEMPOTENT_REPLAYED));
+        }
+        assert_eq!(runs.count(), 1, "rule {rule_path}");
+    }
+}

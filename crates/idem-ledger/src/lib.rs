@@ -390,7 +390,12 @@ pub fn router<L: Ledger>(ledger: Arc<L>, layer: IdempotencyLayer) -> Router {
 
 /// The rule for `POST /transfers`: the key binds from, to and amount.
 pub fn transfer_rule() -> RouteRule {
-    RouteRule::post("/transfers").fingerprint_fields(["/from", "/to", "/amount"])
+    RouteRule::post("/transfers")
+        .fingerprint_fields(["/from", "/to", "/amount"])
+        // Atomic mode: a transfer's record completes in the transaction
+        // that moves the money, so a claim left in progress by a crash is a
+        // transfer that never committed, and running it again is safe.
+        .takeover(idem_core::Takeover::Reexecute)
 }
 
 /// A boxed error, as [`idem_core::Reconcile`] returns.

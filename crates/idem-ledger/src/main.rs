@@ -1,7 +1,8 @@
-//! `idem-ledger [--listen ADDR] [--store sqlite:PATH|postgres://...] [--accounts N]`
+//! `idem-ledger [--listen ADDR] [--store sqlite:PATH|postgres://...|mysql://...] [--accounts N]`
 //!
 //! Serves the ledger example with `POST /transfers` protected by idem in
-//! atomic mode. Defaults: 127.0.0.1:8081, `sqlite:ledger.db`, 100 accounts
+//! atomic mode. `--store` is read as everywhere in idem (`idem_stores`).
+//! Defaults: 127.0.0.1:8081, `sqlite:ledger.db`, 100 accounts
 //! of 10,000 each. Every 10 s it purges expired records and settles stale
 //! transfers from its own rows (`idem_http::maintenance`).
 
@@ -10,9 +11,23 @@ use std::sync::Arc;
 
 use idem_http::IdempotencyLayer;
 use idem_http::maintenance::Maintenance;
+#[cfg(feature = "mysql")]
+use idem_ledger::MysqlLedger;
 #[cfg(feature = "postgres")]
 use idem_ledger::PostgresLedger;
 use idem_ledger::{Ledger, SqliteLedger, router, transfer_rule};
+use idem_stores::StoreUrl;
+
+/// The stores this build of the ledger runs on.
+const SUPPORTED: &str = if cfg!(all(feature = "postgres", feature = "mysql")) {
+    "sqlite:PATH, postgres://... or mysql://..."
+} else if cfg!(feature = "postgres") {
+    "sqlite:PATH or postgres://..."
+} else if cfg!(feature = "mysql") {
+    "sqlite:PATH or mysql://..."
+} else {
+    "sqlite:PATH"
+};
 
 struct Args {
     listen: String,
@@ -33,7 +48,7 @@ fn parse() -> Result<Args, String> {
             "--listen" => args.listen = value()?,
             "--store" => args.store = value()?,
             "--accounts" => args.accounts = value()?.parse().map_err(|_| "--accounts takes a number".to_owned())?,
-            "-h" | "--help" => return Err("usage: idem-ledger [--listen ADDR] [--store sqlite:PATH|postgres://...] [--accounts N]".into()),
+            "-h" | "--help" => return Err("usage: idem-ledger [--listen ADDR] [--store sqlite:PATH|postgres://...|mysql://...] [--accounts N]".into()),
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -72,25 +87,39 @@ async fn serve<L: Ledger + idem_core::Reconcile>(
 async fn main() -> ExitCode {
     let result = async {
         let args = parse()?;
-        if let Some(path) = args.store.strip_prefix("sqlite:") {
-            let ledger = SqliteLedger::open(path).map_err(|e| e.to_string())?;
-            let store = ledger.store().clone();
-            return serve(ledger, store, &args).await;
+        let url: StoreUrl = args.store.parse().map_err(|e| format!("--store: {e}"))?;
+        match &url {
+            StoreUrl::Sqlite(path) => {
+                let ledger = SqliteLedger::open(path).map_err(|e| e.to_string())?;
+                let store = ledger.store().clone();
+                serve(ledger, store, &args).await
+            }
+            #[cfg(feature = "postgres")]
+            StoreUrl::Postgres(conn) => {
+                let store = idem_postgres::PostgresStore::connect(conn)
+                    .await
+                    .map_err(|e| format!("cannot reach store {url}: {e}"))?;
+                let ledger = PostgresLedger::new(store.clone())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                serve(ledger, store, &args).await
+            }
+            #[cfg(feature = "mysql")]
+            StoreUrl::Mysql(conn) => {
+                let store = idem_mysql::MysqlStore::connect(conn)
+                    .await
+                    .map_err(|e| format!("cannot reach store {url}: {e}"))?;
+                let ledger = MysqlLedger::new(store.clone())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                serve(ledger, store, &args).await
+            }
+            // The ledger keeps its accounts in the same database as its
+            // records (atomic mode): only the SQL stores can.
+            other => Err(format!(
+                "--store: the ledger runs on {SUPPORTED}, not {other}"
+            )),
         }
-        #[cfg(feature = "postgres")]
-        if args.store.starts_with("postgres://") || args.store.starts_with("postgresql://") {
-            let store = idem_postgres::PostgresStore::connect(&args.store)
-                .await
-                .map_err(|e| e.to_string())?;
-            let ledger = PostgresLedger::new(store.clone())
-                .await
-                .map_err(|e| e.to_string())?;
-            return serve(ledger, store, &args).await;
-        }
-        Err(format!(
-            "--store must be sqlite:PATH or postgres://..., not {}",
-            args.store
-        ))
     }
     .await;
     match result {

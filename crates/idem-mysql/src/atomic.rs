@@ -15,7 +15,8 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Row, Transaction, TxOpts};
 
 use crate::error::{is_deadlock, my_error};
-use crate::{DEADLOCK_RETRIES, MysqlStore, row};
+use crate::row;
+use crate::store::{AffectedRows, DEADLOCK_RETRIES, MysqlStore};
 
 /// The mutation's transaction: it owns its pooled connection.
 pub type MysqlTransaction = Transaction<'static>;
@@ -61,7 +62,7 @@ impl MysqlStore {
         let Some(fence) = fence.to_i64() else {
             return Ok(Atomic::StaleFence);
         };
-        crate::check_id(id)?;
+        crate::store::check_id(id)?;
         let mut tx = self.begin().await?;
         let held: Option<i64> = tx
             .exec_first(
@@ -109,8 +110,8 @@ impl MysqlStore {
             Fence,
         ) -> BoxFuture<'t, Result<(T, Completion), E>>,
     {
-        crate::check_id(&req.id)?;
-        let params = crate::claim_params(req);
+        crate::store::check_id(&req.id)?;
+        let params = crate::store::claim_params(req);
         let mut tries = 0;
         let (tx, claim) = loop {
             let mut tx = self.begin().await?;
@@ -166,7 +167,7 @@ impl MysqlStore {
             let _ = tx.rollback().await;
             return Err(e);
         }
-        match crate::complete_with(&mut tx, &self.inner.sql.complete, id, fence, &completion)
+        match crate::store::complete_with(&mut tx, &self.inner.sql.complete, id, fence, &completion)
             .await?
         {
             Settled::Applied => {}
@@ -181,5 +182,11 @@ impl MysqlStore {
             .await
             .map_err(|e| my_error("committing an atomic transaction", e))?;
         Ok(ClaimedAtomically::Ran(Atomic::Committed(value)))
+    }
+}
+
+impl AffectedRows for MysqlTransaction {
+    fn changed(&self) -> u64 {
+        self.affected_rows()
     }
 }

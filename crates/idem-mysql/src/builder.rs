@@ -9,7 +9,7 @@ use mysql_async::{Opts, OptsBuilder, Pool, PoolConstraints, PoolOpts};
 
 use crate::error::my_error;
 use crate::schema::{self, Statements};
-use crate::{Inner, MysqlStore};
+use crate::store::{Inner, MysqlStore};
 
 /// Options for connecting a store.
 #[derive(Clone)]
@@ -30,6 +30,21 @@ impl std::fmt::Debug for MysqlStoreBuilder {
             .field("wait", &self.wait)
             .field("lock_wait", &self.lock_wait)
             .finish_non_exhaustive()
+    }
+}
+
+impl MysqlStore {
+    /// Options for connecting to `url` (`mysql://user@host:port/db`).
+    pub fn builder(url: impl Into<String>) -> MysqlStoreBuilder {
+        MysqlStoreBuilder::new(url.into())
+    }
+
+    /// Connects with the default options.
+    ///
+    /// # Errors
+    /// As [`MysqlStoreBuilder::connect`].
+    pub async fn connect(url: &str) -> Result<MysqlStore, StoreError> {
+        MysqlStore::builder(url).connect().await
     }
 }
 

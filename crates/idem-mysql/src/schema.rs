@@ -39,6 +39,16 @@ const MIGRATIONS: &[&[&str]] = &[
         "DROP PROCEDURE IF EXISTS {d}.idem_claim_in_tx",
         "{claim_in_tx_procedure}",
     ],
+    // 2: the store's epoch (`idem_core::EpochWatch`): one row per place
+    // (this store has one, `store`), its id written once and its counter
+    // advanced by every check. Not a record: no purge, stale listing or
+    // look-up by key reads it, and it never expires.
+    &[r#"CREATE TABLE IF NOT EXISTS {d}.idem_epoch (
+    place   VARBINARY(255) NOT NULL,
+    epoch   BLOB           NOT NULL,
+    counter BIGINT         NOT NULL,
+    PRIMARY KEY (place)
+) ENGINE = InnoDB"#],
 ];
 
 /// The claim procedure: docs/contract.md, *Records and their state
@@ -304,6 +314,13 @@ pub(crate) struct Statements {
     pub(crate) complete: String,
     /// Deletes the record if the fence still holds it.
     pub(crate) release: String,
+    /// Moves the lease end, never earlier, and raises `expires_at` to at
+    /// least that end, if the fence still holds the record (a lease
+    /// heartbeat): the new end three times, then the id and fence.
+    pub(crate) extend: String,
+    /// Whether the fence holds the record, changing nothing: `extend`'s
+    /// second look when it changed no row.
+    pub(crate) holds: String,
     /// The live record with an id ([`COLUMNS`]).
     pub(crate) get: String,
     /// Locks the record if the fence still holds it (atomic mode).
@@ -315,6 +332,14 @@ pub(crate) struct Statements {
     /// The live records of a (scope, key), newest first ([`COLUMNS`], then
     /// operation).
     pub(crate) by_key: String,
+    /// Writes the epoch of a place that has none (the place, the
+    /// candidate), or adds one to its counter: one row affected when it
+    /// inserted, two when it updated (the counter always changes, so never
+    /// zero, whatever `CLIENT_FOUND_ROWS`).
+    pub(crate) epoch_advance: String,
+    /// The epoch and counter of a place, read after `epoch_advance` in its
+    /// transaction (which holds the row's lock until the commit).
+    pub(crate) epoch_read: String,
 }
 
 impl Statements {
@@ -332,6 +357,17 @@ impl Statements {
             ),
             release: format!(
                 "DELETE FROM {d}.idem_records WHERE {id} AND fence = ? AND status = 0"
+            ),
+            // MySQL evaluates single-table assignments left to right, so
+            // `expires_at` is raised from the new end itself (a parameter),
+            // not from the `lease_until` just written.
+            extend: format!(
+                "UPDATE {d}.idem_records SET lease_until = GREATEST(COALESCE(lease_until, ?), ?), \
+                 expires_at = GREATEST(expires_at, ?) \
+                 WHERE {id} AND fence = ? AND status = 0"
+            ),
+            holds: format!(
+                "SELECT 1 FROM {d}.idem_records WHERE {id} AND fence = ? AND status = 0"
             ),
             get: format!("SELECT {COLUMNS} FROM {d}.idem_records WHERE {id} AND expires_at > ?"),
             lock: format!(
@@ -351,6 +387,11 @@ impl Statements {
                  WHERE scope = ? AND record_key = ? AND expires_at > ? \
                  ORDER BY created_at DESC, operation DESC LIMIT ?"
             ),
+            epoch_advance: format!(
+                "INSERT INTO {d}.idem_epoch (place, epoch, counter) VALUES (?, ?, 1) \
+                 ON DUPLICATE KEY UPDATE counter = counter + 1"
+            ),
+            epoch_read: format!("SELECT epoch, counter FROM {d}.idem_epoch WHERE place = ?"),
         }
     }
 }

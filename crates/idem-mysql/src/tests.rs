@@ -1,7 +1,11 @@
 //! Tests against the MySQL or MariaDB named by `IDEM_TEST_MYSQL_URL`; each
 //! test gets a database of its own, dropped afterwards.
 
+use std::sync::Arc;
+
+use idem_core::{ClaimRequest, Fence, RecordId, Scope, Store, StoreError, StoreErrorKind};
 use idem_testkit::{CleanupOnDrop, IsolatedBackend, unique_name};
+use mysql_async::prelude::Queryable;
 
 use super::*;
 
@@ -372,5 +376,126 @@ mod atomic_mode {
             .await
             .unwrap();
         }
+    }
+}
+
+/// The CI server runs with the defaults: `innodb_flush_log_at_trx_commit = 1`
+/// keeps records.
+#[test]
+fn durability_reports_the_log_flush_and_the_binlog_sync() {
+    let Some(url) = TestMysql::url() else {
+        return;
+    };
+    rt().block_on(async {
+        let s = TestMysql::fresh(&url).await;
+        let report = s.store().durability().await.unwrap();
+        let flush = &report.findings[0];
+        assert_eq!(
+            (flush.setting.as_str(), flush.value.as_str()),
+            ("innodb_flush_log_at_trx_commit", "1")
+        );
+        assert_eq!(flush.verdict, idem_core::Verdict::Keeps);
+        assert_eq!(report.findings[1].setting, "sync_binlog");
+    });
+}
+
+/// A database at schema 1 (before the epoch) is migrated on connect: the
+/// epoch table is created beside the records, which are kept, and the
+/// first epoch is written by the first advance.
+#[test]
+fn a_version_1_database_gets_its_epoch_table_on_connect() {
+    let Some(url) = TestMysql::url() else { return };
+    rt().block_on(async {
+        let old = TestMysql::fresh(&url).await;
+        let database = old.store().database().to_owned();
+        let id = idem_testkit::unique_id("my-migrate-v1-01");
+        let claim = old
+            .store()
+            .claim(&idem_testkit::request(&id, "{}", idem_testkit::t0()))
+            .await
+            .unwrap();
+        assert!(matches!(claim, idem_core::Claim::Acquired(_)));
+        let mut conn = old.store().conn().await.unwrap();
+        conn.query_drop(format!("DROP TABLE `{database}`.idem_epoch"))
+            .await
+            .unwrap();
+        conn.query_drop(format!(
+            "DELETE FROM `{database}`.idem_migrations WHERE version = 2"
+        ))
+        .await
+        .unwrap();
+        drop(conn);
+        let store = MysqlStore::builder(&url)
+            .database(&database)
+            .pool_size(2)
+            .connect()
+            .await
+            .unwrap();
+        assert!(store.get(&id, idem_testkit::t0()).await.unwrap().is_some());
+        let marks = store.advance_epoch("after-v1").await.unwrap();
+        assert_eq!(
+            marks,
+            [idem_core::EpochMark::new("store", "after-v1", 1, true)]
+        );
+        let mut conn = store.conn().await.unwrap();
+        let version: Option<i32> = conn
+            .query_first(format!(
+                "SELECT MAX(version) FROM `{database}`.idem_migrations"
+            ))
+            .await
+            .unwrap();
+        assert_eq!(version, Some(schema::VERSION));
+    });
+}
+
+/// The epoch (`idem_core::EpochWatch`) notices a database that lost data:
+/// its epoch rows deleted (emptied, as a restored dump without them or a
+/// new server would be), its counter set back (rolled back, as a restored
+/// backup of the same epoch or a failover to a lagging replica would be).
+mod epoch {
+    use std::sync::Arc;
+
+    use super::*;
+
+    async fn execute(store: &MysqlStore, sql: &str) {
+        let sql = sql.replace("{d}", &format!("`{}`", store.database()));
+        store.conn().await.unwrap().query_drop(sql).await.unwrap();
+    }
+
+    #[test]
+    fn deleted_rows_are_an_emptied_store_and_a_counter_set_back_a_rollback() {
+        let Some(url) = TestMysql::url() else { return };
+        rt().block_on(async {
+            let guarded = TestMysql::fresh(&url).await;
+            let store = guarded.store();
+            idem_testkit::epoch::hand_made_losses_are_seen(
+                store,
+                || execute(store, "DELETE FROM {d}.idem_epoch"),
+                || execute(store, "UPDATE {d}.idem_epoch SET counter = 1"),
+            )
+            .await;
+        });
+    }
+
+    /// Two instances (two pools on one database), each advancing the
+    /// epoch from many tasks at once for the first time.
+    #[test]
+    fn concurrent_first_advances_across_instances_write_one_epoch() {
+        let Some(url) = TestMysql::url() else { return };
+        rt().block_on(async {
+            let guarded = TestMysql::fresh(&url).await;
+            let a = guarded.store().clone();
+            let b = MysqlStore::builder(&url)
+                .database(a.database())
+                .pool_size(8)
+                .connect()
+                .await
+                .unwrap();
+            idem_testkit::epoch::concurrent_first_advances_write_one_epoch(
+                Arc::new(a),
+                Arc::new(b),
+            )
+            .await;
+        });
     }
 }

@@ -11,7 +11,7 @@
 //! that completion ran in the same transaction (see there). In both, an
 //! error at the commit itself leaves the outcome unknown.
 
-use deadpool_postgres::Client;
+use deadpool_postgres::{Client, Transaction};
 use idem_core::{
     Atomic, BoxFuture, Claim, ClaimRequest, ClaimedAtomically, Completion, Fence, Lease, RecordId,
     Settled, StoreError, Timestamp,
@@ -20,7 +20,9 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 
 use crate::error::{corrupt, pg_error, pool_error};
-use crate::{PostgresStore, Transaction, complete_with};
+use crate::pooled::Pooled;
+use crate::single::complete_with;
+use crate::store::PostgresStore;
 
 impl PostgresStore {
     /// Runs `mutation` inside a transaction that first locks the record
@@ -52,51 +54,57 @@ impl PostgresStore {
         let Some(fence) = fence.to_i64() else {
             return Ok(Atomic::StaleFence);
         };
-        let mut client = self.inner.pool.get().await.map_err(pool_error)?;
-        let tx = client
-            .transaction()
-            .await
-            .map_err(|e| pg_error("beginning an atomic transaction", e))?;
-        let lock = tx
-            .prepare_cached(&self.inner.sql.lock)
-            .await
-            .map_err(|e| pg_error("preparing the record lock", e))?;
-        let held = tx
-            .query_opt(
-                &lock,
-                &[
-                    &id.scope.as_str(),
-                    &id.operation.as_str(),
-                    &id.key.as_str(),
-                    &fence,
-                ],
-            )
-            .await
-            .map_err(|e| pg_error("locking the record", e))?;
-        if held.is_none() {
-            let _ = tx.rollback().await;
-            return Ok(Atomic::StaleFence);
-        }
-        let (value, completion) = match mutation(&tx).await {
-            Ok(done) => done,
-            Err(e) => {
-                let _ = tx.rollback().await;
-                return Ok(Atomic::Failed(e));
-            }
-        };
-        match complete_with(&tx, &self.inner.sql.complete, id, fence, &completion).await? {
-            Settled::Applied => {}
-            // Unreachable while we hold the row lock, but never commit a
-            // mutation whose record we could not complete.
-            Settled::StaleFence => {
+        // Dropped mid-call, the connection leaves the pool (see
+        // `crate::pooled`).
+        let mut client = Pooled::get(&self.inner.pool).await?;
+        let answer: Result<Atomic<T, E>, StoreError> = async {
+            let tx = client
+                .transaction()
+                .await
+                .map_err(|e| pg_error("beginning an atomic transaction", e))?;
+            let lock = tx
+                .prepare_cached(&self.inner.sql.lock)
+                .await
+                .map_err(|e| pg_error("preparing the record lock", e))?;
+            let held = tx
+                .query_opt(
+                    &lock,
+                    &[
+                        &id.scope.as_str(),
+                        &id.operation.as_str(),
+                        &id.key.as_str(),
+                        &fence,
+                    ],
+                )
+                .await
+                .map_err(|e| pg_error("locking the record", e))?;
+            if held.is_none() {
                 let _ = tx.rollback().await;
                 return Ok(Atomic::StaleFence);
             }
+            let (value, completion) = match mutation(&tx).await {
+                Ok(done) => done,
+                Err(e) => {
+                    let _ = tx.rollback().await;
+                    return Ok(Atomic::Failed(e));
+                }
+            };
+            match complete_with(&tx, &self.inner.sql.complete, id, fence, &completion).await? {
+                Settled::Applied => {}
+                // Unreachable while we hold the row lock, but never commit a
+                // mutation whose record we could not complete.
+                Settled::StaleFence => {
+                    let _ = tx.rollback().await;
+                    return Ok(Atomic::StaleFence);
+                }
+            }
+            tx.commit()
+                .await
+                .map_err(|e| pg_error("committing an atomic transaction", e))?;
+            Ok(Atomic::Committed(value))
         }
-        tx.commit()
-            .await
-            .map_err(|e| pg_error("committing an atomic transaction", e))?;
-        Ok(Atomic::Committed(value))
+        .await;
+        client.answered(answer)
     }
 
     /// Claims `req` inside a transaction and, when the key is acquired,

@@ -13,8 +13,8 @@ use idem_core::{StoreError, StoreErrorKind};
 use crate::error::{pg_error, pool_error};
 use crate::row::millis;
 use crate::schema::{self, Statements};
+use crate::store::{Inner, PostgresStore};
 use crate::tls::{self, Verification};
-use crate::{Inner, PostgresStore};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 /// Options for connecting a store.
@@ -39,6 +39,21 @@ impl std::fmt::Debug for PostgresStoreBuilder {
             .field("statement_timeout", &self.statement_timeout)
             .field("ca_pem", &self.ca_pem.is_some())
             .finish_non_exhaustive()
+    }
+}
+
+impl PostgresStore {
+    /// Options for connecting to `url` (`postgres://user@host:port/db`).
+    pub fn builder(url: impl Into<String>) -> PostgresStoreBuilder {
+        PostgresStoreBuilder::new(url.into())
+    }
+
+    /// Connects with the default options.
+    ///
+    /// # Errors
+    /// As [`PostgresStoreBuilder::connect`].
+    pub async fn connect(url: &str) -> Result<PostgresStore, StoreError> {
+        PostgresStore::builder(url).connect().await
     }
 }
 
@@ -157,6 +172,11 @@ impl PostgresStoreBuilder {
 
     /// Connects, then creates or migrates the schema.
     ///
+    /// Claims, completions and releases of concurrent calls are sent in
+    /// batches by tasks spawned here, on the calling tokio runtime: keep
+    /// that runtime running for as long as the store is used (calls from
+    /// other runtimes are fine).
+    ///
     /// # Errors
     /// [`StoreErrorKind::Setup`] for a bad URL or schema name, or a schema
     /// newer than this code; [`StoreErrorKind::Unavailable`] when the server
@@ -205,10 +225,14 @@ impl PostgresStoreBuilder {
         drop(Object::take(client));
         migrated?;
         Ok(PostgresStore {
-            inner: Arc::new(Inner {
-                sql: Statements::new(&self.schema),
-                pool,
-                schema: self.schema,
+            inner: Arc::new({
+                let sql = Arc::new(Statements::new(&self.schema));
+                Inner {
+                    batches: crate::batch::Batches::spawn(&pool, &sql),
+                    sql,
+                    pool,
+                    schema: self.schema,
+                }
             }),
         })
     }

@@ -111,6 +111,17 @@ CREATE INDEX idem_records_stale ON {s}.idem_records (lease_until, scope, operati
     r#"
 CREATE INDEX idem_records_scope_key ON {s}.idem_records (scope, key);
 "#,
+    // 4: the store's epoch (`idem_core::EpochWatch`): one row per place
+    // (this store has one, `store`), its id written once and its counter
+    // advanced by every check. Not a record: no purge, stale listing or
+    // look-up by key reads it, and it never expires.
+    r#"
+CREATE TABLE {s}.idem_epoch (
+    place   text   PRIMARY KEY,
+    epoch   text   NOT NULL,
+    counter bigint NOT NULL
+);
+"#,
 ];
 
 /// The newest schema version this code knows.
@@ -190,8 +201,17 @@ pub(crate) struct Statements {
     /// its fence, lease end and expiry; returns no row if the key has a record (live or not),
     /// which `claim` then judges. The fast path of one-commit mode.
     pub(crate) claim_new: String,
+    /// [`claim`](Self::claim) for each element of the arrays `$1`..`$7`
+    /// (scope, operation, key, fingerprint, now, lease, ttl), in their
+    /// order, in one statement: `idem_claim`'s columns, then the 1-based
+    /// position of the call (`batch.rs`).
+    pub(crate) claim_many: String,
     /// Stores a completion if the fence still holds the record.
     pub(crate) complete: String,
+    /// [`complete`](Self::complete) for each element of the arrays
+    /// `$1`..`$9`: answers the 1-based position of each call that changed
+    /// its record.
+    pub(crate) complete_many: String,
     /// [`complete`](Self::complete), raising division by zero (SQLSTATE
     /// 22012) when it changes no record, and marking the transaction with
     /// the fence (`idem.completed`) when it does: the pipelined `COMMIT` of
@@ -199,6 +219,14 @@ pub(crate) struct Statements {
     pub(crate) complete_or_fail: String,
     /// Deletes the record if the fence still holds it.
     pub(crate) release: String,
+    /// [`release`](Self::release) for each element of the arrays
+    /// `$1`..`$4`: answers the 1-based position of each call that deleted
+    /// its record.
+    pub(crate) release_many: String,
+    /// Moves the lease end to `$5`, never earlier, and raises `expires_at`
+    /// to at least `$5`, if the fence still holds the record (a lease
+    /// heartbeat).
+    pub(crate) extend: String,
     /// The live record with an id ([`COLUMNS`]).
     pub(crate) get: String,
     /// Locks the record if the fence still holds it (atomic mode).
@@ -210,6 +238,12 @@ pub(crate) struct Statements {
     /// The live records of a (scope, key), newest first ([`COLUMNS`], then
     /// operation).
     pub(crate) by_key: String,
+    /// Advances the epoch of the place `$1`, writing `$2` with the counter
+    /// at 1 if it has none, in one statement: answers the epoch, the
+    /// counter, and whether this statement inserted the row (a row just
+    /// inserted has no `xmax`; one updated by `ON CONFLICT` carries the
+    /// updating transaction's).
+    pub(crate) epoch: String,
 }
 
 impl Statements {
@@ -222,6 +256,31 @@ impl Statements {
         );
         Statements {
             claim: format!("SELECT * FROM {s}.idem_claim($1, $2, $3, $4, $5, $6, $7)"),
+            claim_many: format!(
+                "SELECT c.*, o.ord FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], \
+                 $5::bigint[], $6::bigint[], $7::bigint[]) WITH ORDINALITY \
+                 AS o(scope, operation, key, fingerprint, now, lease, ttl, ord) \
+                 CROSS JOIN LATERAL {s}.idem_claim(o.scope, o.operation, o.key, o.fingerprint, \
+                 o.now, o.lease, o.ttl) AS c ORDER BY o.ord"
+            ),
+            complete_many: format!(
+                "UPDATE {s}.idem_records AS t SET status = u.status, resource_id = u.resource_id, \
+                 response_status = u.response_status, response_headers = u.response_headers, \
+                 response_body = u.response_body, lease_until = NULL \
+                 FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::smallint[], \
+                 $6::text[], $7::integer[], $8::bytea[], $9::bytea[]) WITH ORDINALITY \
+                 AS u(scope, operation, key, fence, status, resource_id, response_status, \
+                 response_headers, response_body, ord) \
+                 WHERE t.scope = u.scope AND t.operation = u.operation AND t.key = u.key \
+                 AND t.fence = u.fence AND t.status = 0 RETURNING u.ord"
+            ),
+            release_many: format!(
+                "DELETE FROM {s}.idem_records AS t \
+                 USING unnest($1::text[], $2::text[], $3::text[], $4::bigint[]) WITH ORDINALITY \
+                 AS u(scope, operation, key, fence, ord) \
+                 WHERE t.scope = u.scope AND t.operation = u.operation AND t.key = u.key \
+                 AND t.fence = u.fence AND t.status = 0 RETURNING u.ord"
+            ),
             claim_new: format!(
                 "INSERT INTO {s}.idem_records AS t (scope, operation, key, fingerprint, status, \
                  fence, created_at, lease_until, expires_at) \
@@ -237,6 +296,15 @@ impl Statements {
             complete,
             release: format!(
                 "DELETE FROM {s}.idem_records \
+                 WHERE scope = $1 AND operation = $2 AND key = $3 AND fence = $4 AND status = 0"
+            ),
+            // GREATEST skips a NULL, which an in-progress record never has.
+            // `expires_at` rises with the lease so the record outlives it;
+            // left equal (the usual heartbeat, well inside the ttl), the
+            // indexed column keeps the update HOT.
+            extend: format!(
+                "UPDATE {s}.idem_records SET lease_until = GREATEST(lease_until, $5), \
+                 expires_at = GREATEST(expires_at, $5) \
                  WHERE scope = $1 AND operation = $2 AND key = $3 AND fence = $4 AND status = 0"
             ),
             get: format!(
@@ -264,6 +332,11 @@ impl Statements {
                 "SELECT {COLUMNS}, operation \
                  FROM {s}.idem_records WHERE scope = $1 AND key = $2 AND expires_at > $3 \
                  ORDER BY created_at DESC, operation COLLATE \"C\" DESC LIMIT $4"
+            ),
+            epoch: format!(
+                "INSERT INTO {s}.idem_epoch AS t (place, epoch, counter) VALUES ($1, $2, 1) \
+                 ON CONFLICT (place) DO UPDATE SET counter = t.counter + 1 \
+                 RETURNING t.epoch, t.counter, (t.xmax = 0) AS created"
             ),
         }
     }

@@ -1,9 +1,10 @@
 //! Tests against the PostgreSQL named by `IDEM_TEST_POSTGRES_URL`; each
 //! test gets a schema of its own, dropped afterwards.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::{Status, StoreErrorKind};
+use idem_core::{Claim, Completion, Fence, RecordId, Settled, Status, Store, StoreErrorKind};
 use idem_testkit::{CleanupOnDrop, IsolatedBackend, unique_name};
 
 use super::*;
@@ -102,8 +103,9 @@ fn concurrent_first_connects_migrate_once() {
     });
 }
 
-/// A schema at version 2 (before the (scope, key) index) is migrated on
-/// connect; its records are kept and found by key afterwards.
+/// A schema at version 2 (before the (scope, key) index and the epoch
+/// table) is migrated on connect; its records are kept and found by key
+/// afterwards.
 #[test]
 fn a_version_2_schema_is_migrated_on_connect() {
     let Some(url) = TestPostgres::url() else {
@@ -121,7 +123,8 @@ fn a_version_2_schema_is_migrated_on_connect() {
         client
             .batch_execute(&format!(
                 "DROP INDEX {schema}.idem_records_scope_key;
-                 DELETE FROM {schema}.idem_migrations WHERE version = 3;"
+                 DROP TABLE {schema}.idem_epoch;
+                 DELETE FROM {schema}.idem_migrations WHERE version >= 3;"
             ))
             .await
             .unwrap();
@@ -143,16 +146,172 @@ fn a_version_2_schema_is_migrated_on_connect() {
                 &format!(
                     "SELECT (SELECT max(version) FROM {schema}.idem_migrations), \
                      (SELECT count(*) FROM pg_indexes \
-                      WHERE schemaname = $1 AND indexname = 'idem_records_scope_key')"
+                      WHERE schemaname = $1 AND indexname = 'idem_records_scope_key'), \
+                     (SELECT count(*) FROM pg_tables \
+                      WHERE schemaname = $1 AND tablename = 'idem_epoch')"
                 ),
                 &[&schema],
             )
             .await
             .unwrap();
-        assert_eq!(row.get::<_, i32>(0), 3);
         assert_eq!(row.get::<_, i32>(0), schema::VERSION);
         assert_eq!(row.get::<_, i64>(1), 1);
+        assert_eq!(row.get::<_, i64>(2), 1, "the epoch table is created");
     });
+}
+
+/// A schema at version 3 (before the epoch) is migrated on connect: the
+/// epoch table is created beside the records, which are kept, and the
+/// first epoch is written by the first advance.
+#[test]
+fn a_version_3_schema_gets_its_epoch_table_on_connect() {
+    let Some(url) = TestPostgres::url() else {
+        return;
+    };
+    rt().block_on(async {
+        let old = TestPostgres::fresh(&url).await;
+        let schema = old.store().schema().to_owned();
+        let id = unique_id("pg-migrate-v3-01");
+        assert!(matches!(
+            old.store().claim(&request(&id, "{}", t0())).await.unwrap(),
+            Claim::Acquired(_)
+        ));
+        let client = old.store().pool().get().await.unwrap();
+        client
+            .batch_execute(&format!(
+                "DROP TABLE {schema}.idem_epoch;
+                 DELETE FROM {schema}.idem_migrations WHERE version = 4;"
+            ))
+            .await
+            .unwrap();
+        drop(client);
+        let store = PostgresStore::builder(&url)
+            .schema(&schema)
+            .pool_size(2)
+            .connect()
+            .await
+            .unwrap();
+        assert!(store.get(&id, t0()).await.unwrap().is_some());
+        let marks = store.advance_epoch("after-v3").await.unwrap();
+        assert_eq!(
+            marks,
+            [idem_core::EpochMark::new("store", "after-v3", 1, true)]
+        );
+        let client = store.pool().get().await.unwrap();
+        let version: i32 = client
+            .query_one(
+                &format!("SELECT max(version) FROM {schema}.idem_migrations"),
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(version, schema::VERSION);
+    });
+}
+
+/// The epoch (`idem_core::EpochWatch`) notices a schema that lost data:
+/// its epoch rows deleted (emptied, as a restored dump without them or a
+/// new server would be), its counter set back (rolled back, as a restored
+/// backup of the same epoch or a failover to a lagging replica would be).
+mod epoch {
+    use idem_core::{EpochMark, EpochWatch, LossCause};
+
+    use super::*;
+
+    /// Advances the store's epoch and shows its one mark to `watch`:
+    /// the causes of the losses it noticed.
+    async fn check(
+        store: &PostgresStore,
+        watch: &mut EpochWatch,
+        candidate: &str,
+    ) -> Vec<LossCause> {
+        let marks = store.advance_epoch(candidate).await.unwrap();
+        assert_eq!(marks.len(), 1, "{marks:?}");
+        assert_eq!(marks[0].place, "store");
+        watch.observe(&marks).into_iter().map(|l| l.cause).collect()
+    }
+
+    async fn execute(store: &PostgresStore, sql: &str) {
+        let sql = sql.replace("{s}", store.schema());
+        store
+            .pool()
+            .get()
+            .await
+            .unwrap()
+            .batch_execute(&sql)
+            .await
+            .unwrap();
+    }
+
+    #[test]
+    fn deleted_rows_are_an_emptied_store_and_a_counter_set_back_a_rollback() {
+        let Some(url) = TestPostgres::url() else {
+            return;
+        };
+        rt().block_on(async {
+            let guarded = TestPostgres::fresh(&url).await;
+            let store = guarded.store();
+            idem_testkit::epoch::hand_made_losses_are_seen(
+                store,
+                || execute(store, "DELETE FROM {s}.idem_epoch"),
+                || execute(store, "UPDATE {s}.idem_epoch SET counter = 1"),
+            )
+            .await;
+        });
+    }
+
+    /// Two instances (two pools on one schema), each advancing the epoch
+    /// from many tasks at once for the first time (`xmax = 0` tells the
+    /// insert from the update).
+    #[test]
+    fn concurrent_first_advances_across_instances_write_one_epoch() {
+        let Some(url) = TestPostgres::url() else {
+            return;
+        };
+        rt().block_on(async {
+            let guarded = TestPostgres::fresh(&url).await;
+            let a = guarded.store().clone();
+            let b = PostgresStore::builder(&url)
+                .schema(a.schema())
+                .pool_size(8)
+                .connect()
+                .await
+                .unwrap();
+            idem_testkit::epoch::concurrent_first_advances_write_one_epoch(
+                std::sync::Arc::new(a),
+                std::sync::Arc::new(b),
+            )
+            .await;
+        });
+    }
+
+    /// Two instances (two pools on one schema) share the epoch: a watcher
+    /// of each sees the other's advances as progress, never as a loss.
+    #[test]
+    fn instances_on_one_schema_share_the_epoch() {
+        let Some(url) = TestPostgres::url() else {
+            return;
+        };
+        rt().block_on(async {
+            let guarded = TestPostgres::fresh(&url).await;
+            let a = guarded.store();
+            let b = PostgresStore::builder(&url)
+                .schema(a.schema())
+                .pool_size(2)
+                .connect()
+                .await
+                .unwrap();
+            let (mut wa, mut wb) = (EpochWatch::new(), EpochWatch::new());
+            assert!(check(a, &mut wa, "from-a").await.is_empty());
+            for _ in 0..3 {
+                assert!(check(&b, &mut wb, "from-b").await.is_empty());
+                assert!(check(a, &mut wa, "from-a").await.is_empty());
+            }
+            let marks = b.advance_epoch("from-b").await.unwrap();
+            assert_eq!(marks, [EpochMark::new("store", "from-a", 8, false)]);
+        });
+    }
 }
 
 #[test]
@@ -508,5 +667,24 @@ fn an_exhausted_pool_is_unavailable_after_the_wait() {
             store.claim(&request(&id, "{}", t0())).await.unwrap(),
             Claim::Acquired(_)
         ));
+    });
+}
+
+/// The CI server runs with PostgreSQL's defaults: `fsync` keeps records.
+#[test]
+fn durability_reports_fsync_and_synchronous_commit() {
+    let Some(url) = TestPostgres::url() else {
+        return;
+    };
+    rt().block_on(async {
+        let s = TestPostgres::fresh(&url).await;
+        let report = s.store().durability().await.unwrap();
+        let fsync = &report.findings[0];
+        assert_eq!(
+            (fsync.setting.as_str(), fsync.value.as_str()),
+            ("fsync", "on")
+        );
+        assert_eq!(fsync.verdict, idem_core::Verdict::Keeps);
+        assert_eq!(report.findings[1].setting, "synchronous_commit");
     });
 }

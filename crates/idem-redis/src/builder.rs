@@ -6,10 +6,11 @@ use idem_core::{StoreError, StoreErrorKind};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ConnectionInfo, IntoConnectionInfo};
 
-use crate::connection::Connection;
+use crate::connection::Connections;
 use crate::error::redis_error;
+use crate::replica_wait::ReplicaWait;
 use crate::scripts::{Keys, Layout, Scripts};
-use crate::{RedisStore, ReplicaWait};
+use crate::store::RedisStore;
 
 /// Options for connecting a store.
 ///
@@ -56,6 +57,23 @@ impl std::fmt::Debug for RedisStoreBuilder {
     }
 }
 
+impl RedisStore {
+    /// Options for connecting to `url`: one server (`redis://host:port/db`,
+    /// `rediss://` for TLS) or a cluster (`redis-cluster://host:port[,host:port...]`,
+    /// `rediss-cluster://` for TLS); see [`RedisStoreBuilder`].
+    pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
+        RedisStoreBuilder::new(url.into())
+    }
+
+    /// Connects with the default options.
+    ///
+    /// # Errors
+    /// As [`RedisStoreBuilder::connect`].
+    pub async fn connect(url: &str) -> Result<RedisStore, StoreError> {
+        RedisStore::builder(url).connect().await
+    }
+}
+
 impl RedisStoreBuilder {
     /// The default options for `url`.
     pub(crate) fn new(url: String) -> RedisStoreBuilder {
@@ -70,8 +88,8 @@ impl RedisStoreBuilder {
 
     /// Answer only after `replicas` replicas acknowledged each write
     /// (Redis `WAIT` after every claim that took a key, every replay,
-    /// every completion and every release, on the same connection), waiting
-    /// at most `timeout` for them; when fewer
+    /// every completion, every release and every lease extension, on the
+    /// same connection), waiting at most `timeout` for them; when fewer
     /// acknowledge in time the operation fails closed (`Unavailable`),
     /// though the write stands on the master. Without it (the default) the
     /// store answers as soon as the master has the write, and a failover
@@ -209,10 +227,10 @@ impl RedisStoreBuilder {
                     .set_connection_timeout(Some(self.timeout))
                     .set_number_of_retries(1)
                     .set_max_delay(Duration::from_millis(500));
-                let conn = ConnectionManager::new_with_config(client, config)
+                let conn = ConnectionManager::new_with_config(client.clone(), config.clone())
                     .await
                     .map_err(|e| redis_error("connecting", e))?;
-                (Connection::Single(conn), Layout::Single)
+                (Connections::single(conn, client, config), Layout::Single)
             }
             Target::Cluster(nodes) => {
                 let mut builder = redis::cluster::ClusterClientBuilder::new(nodes)
@@ -230,12 +248,12 @@ impl RedisStoreBuilder {
                     .get_async_connection()
                     .await
                     .map_err(|e| redis_error("connecting to the cluster", e))?;
-                (Connection::Cluster(conn), Layout::Cluster)
+                (Connections::cluster(conn, client), Layout::Cluster)
             }
         };
-        let mut conn = conn;
         if replicas.is_some() {
-            conn.check_wait_commands().await.map_err(|e| match e.kind() {
+            conn.get()
+                .check_wait_commands().await.map_err(|e| match e.kind() {
                 redis::ErrorKind::Server(_) | redis::ErrorKind::UnexpectedReturnType => {
                     StoreError::new(
                         StoreErrorKind::Setup,

@@ -5,7 +5,10 @@
 
 use std::time::Duration;
 
-use idem_core::{Claim, Completion, Operation, StaleCursor, StoreErrorKind};
+use idem_core::{
+    Claim, Completion, Fence, Key, Operation, RecordId, Scope, Settled, StaleCursor, Store,
+    StoreErrorKind,
+};
 use idem_testkit::redis_cluster::RedisCluster;
 use idem_testkit::{request, response, t0};
 
@@ -110,7 +113,7 @@ fn attack_a_non_canonical_bucket_key_breaks_purge_with_crossslot() {
     rt().block_on(async {
         let p = prefix();
         let store = connect(&cluster.url(), &p).await;
-        let mut conn = store.conn.clone();
+        let mut conn = store.conn.get();
         let stray = format!("{p}:{{+5}}:r:1:a:1:b:c");
         let _: i64 = redis::cmd("HSET")
             .arg(&stray)
@@ -351,7 +354,7 @@ fn held_takeover_after_fence_key_deleted() {
         let Claim::Acquired(first) = a.claim(&request(&x, "{}", t0())).await.unwrap() else {
             panic!()
         };
-        let mut conn = a.conn.clone();
+        let mut conn = a.conn.get();
         // Push the record's fence far ahead of the clock, then lose the
         // counter: only the record's own fence keeps the next one above.
         let big = first.fence.get() + 10_000_000_000;

@@ -6,7 +6,7 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use idem_core::{Claim, Completion, Operation, StoreErrorKind};
+use idem_core::{Claim, Completion, Fence, Operation, RecordId, Settled, Store, StoreErrorKind};
 use idem_testkit::redis_cluster::RedisCluster;
 use idem_testkit::{Guarded, IsolatedBackend, request, response, t0, unique_id};
 
@@ -113,7 +113,7 @@ fn a_records_fences_keep_growing_without_a_global_counter() {
             assert_eq!(settled, Settled::Applied, "round {round}");
             if round == 1 {
                 // As if the counter had expired with the record.
-                let mut conn = store.store().conn.clone();
+                let mut conn = store.store().conn.get();
                 let _: i64 = redis::cmd("DEL")
                     .arg(store.store().keys.fence(&id))
                     .query_async(&mut conn)
@@ -417,5 +417,174 @@ fn a_tls_cluster_checks_every_nodes_certificate() {
             .connect()
             .await;
         assert!(plain.is_err(), "no plain-text way in");
+    });
+}
+
+/// The slot ranges a cluster place names (`slots 0-5460`, or
+/// `slots 0-99,200-300`).
+fn ranges_of(place: &str) -> Vec<(u16, u16)> {
+    let ranges = place
+        .strip_prefix("slots ")
+        .expect("a place named by slots");
+    ranges
+        .split(',')
+        .map(|r| {
+            let (a, b) = r.split_once('-').expect("START-END");
+            (a.parse().unwrap(), b.parse().unwrap())
+        })
+        .collect()
+}
+
+/// Each place's epoch key, checked to lie (by the cluster's own
+/// `CLUSTER KEYSLOT`) in the slots the place names, and the port of the
+/// master that holds it.
+fn epoch_keys(
+    cluster: &RedisCluster,
+    store: &RedisStore,
+    marks: &[idem_core::EpochMark],
+) -> Vec<(String, u16)> {
+    marks
+        .iter()
+        .map(|mark| {
+            let ranges = ranges_of(&mark.place);
+            let key = store.keys.shard_epoch(&ranges).unwrap();
+            assert!(key.starts_with(&format!("{}:{{", store.prefix())), "{key}");
+            let slot: u16 = cluster
+                .cli(cluster.ports()[0], &["CLUSTER", "KEYSLOT", &key])
+                .trim()
+                .parse()
+                .unwrap();
+            assert!(
+                ranges.iter().any(|(a, b)| *a <= slot && slot <= *b),
+                "{key} in slot {slot}, not in {}",
+                mark.place
+            );
+            assert_eq!(crate::epoch::key_slot(key.as_bytes()), slot, "{key}");
+            let master = cluster.master_of(&key).0;
+            (key, master)
+        })
+        .collect()
+}
+
+/// The epoch on a cluster: one place per master, named by its slots, its
+/// key on that master; flushing one master (a restart without persistence
+/// of that shard alone) is seen as that place emptied, and only that one.
+/// A cluster of its own: the flush would empty other tests' records.
+#[test]
+fn each_master_keeps_an_epoch_and_a_flushed_one_is_seen_emptied() {
+    use idem_core::{EpochWatch, LossCause};
+    let Some(cluster) = RedisCluster::start(3, 0) else {
+        return;
+    };
+    rt().block_on(async {
+        let store = connect(&cluster.url(), &prefix()).await;
+        let mut watch = EpochWatch::new();
+        let marks = store.advance_epoch("first").await.unwrap();
+        assert!(watch.observe(&marks).is_empty());
+        assert_eq!(marks.len(), 3, "{marks:?}");
+        let mut slots: Vec<(u16, u16)> = marks.iter().flat_map(|m| ranges_of(&m.place)).collect();
+        slots.sort_unstable();
+        let served: u32 = slots.iter().map(|(a, b)| u32::from(b - a) + 1).sum();
+        assert_eq!(served, 16384, "the places cover every slot: {slots:?}");
+        let keys = epoch_keys(&cluster, &store, &marks);
+        let masters: std::collections::BTreeSet<u16> = keys.iter().map(|(_, m)| *m).collect();
+        assert_eq!(masters.len(), 3, "one place per master: {keys:?}");
+        for ((key, master), mark) in keys.iter().zip(&marks) {
+            assert_eq!((mark.epoch.as_str(), mark.counter), ("first", 1));
+            let counter = cluster.cli(*master, &["HGET", key, "counter"]);
+            assert_eq!(counter.trim(), "1", "{key} on {master}");
+            let ttl = cluster.cli(*master, &["PTTL", key]);
+            assert_eq!(ttl.trim(), "-1", "{key} never expires");
+        }
+        let marks = store.advance_epoch("second").await.unwrap();
+        assert!(watch.observe(&marks).is_empty());
+
+        // Not a record: a purge far past every expiry leaves it alone.
+        let far = t0() + Duration::from_secs(100 * 365 * 86_400);
+        assert_eq!(store.purge_expired(far, 1000).await.unwrap(), 0);
+        assert!(store.list_stale(far, None, 1000).await.unwrap().is_empty());
+
+        let (flushed_key, victim) = keys[1].clone();
+        let flushed_place = marks
+            .iter()
+            .find(|m| store.keys.shard_epoch(&ranges_of(&m.place)) == Some(flushed_key.clone()))
+            .unwrap()
+            .place
+            .clone();
+        cluster.cli(victim, &["FLUSHALL"]);
+        let marks = store.advance_epoch("third").await.unwrap();
+        assert_eq!(marks.len(), 3, "{marks:?}");
+        for mark in &marks {
+            if mark.place == flushed_place {
+                assert_eq!(
+                    (mark.epoch.as_str(), mark.counter, mark.created),
+                    ("third", 1, true)
+                );
+            } else {
+                assert_eq!(
+                    (mark.epoch.as_str(), mark.counter, mark.created),
+                    ("first", 3, false)
+                );
+            }
+        }
+        let losses = watch.observe(&marks);
+        assert_eq!(losses.len(), 1, "{losses:?}");
+        assert_eq!(losses[0].place, flushed_place);
+        assert_eq!(losses[0].cause, LossCause::Emptied);
+        assert!(
+            watch
+                .observe(&store.advance_epoch("fourth").await.unwrap())
+                .is_empty()
+        );
+    });
+}
+
+/// A failover to a replica that missed the last advances: the place keeps
+/// its name (named by its slots, not its node), and its counter is lower
+/// than the one last read, a rollback. The replica is cut off after the
+/// first advance (acknowledged by it, through the replica wait), and the
+/// waiting store's advance then fails as a whole: never some places only.
+#[test]
+fn a_failover_to_a_lagging_replica_is_seen_as_a_rollback() {
+    use idem_core::{EpochWatch, LossCause};
+    let Some(mut cluster) = failover_cluster() else {
+        return;
+    };
+    let prefix = prefix();
+    let mut watch = EpochWatch::new();
+    let (victim, place) = rt().block_on(async {
+        let waiting = failover_store(&cluster, &prefix, true).await;
+        let plain = failover_store(&cluster, &prefix, false).await;
+        let marks = waiting.advance_epoch("first").await.unwrap();
+        assert_eq!(marks.len(), 3, "{marks:?}");
+        assert!(watch.observe(&marks).is_empty());
+        let (key, master) = epoch_keys(&cluster, &plain, &marks).swap_remove(0);
+        let place = marks[0].place.clone();
+        let (_, replicas) = cluster.master_of(&key);
+        shut_replica_out(&cluster, master, replicas[0]);
+
+        let marks = plain.advance_epoch("second").await.unwrap();
+        assert!(watch.observe(&marks).is_empty());
+        let e = waiting
+            .advance_epoch("third")
+            .await
+            .expect_err("a place no replica acknowledges");
+        assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e}");
+        (master, place)
+    });
+    fail_over(&mut cluster, victim);
+    rt().block_on(async {
+        let store = failover_store(&cluster, &prefix, false).await;
+        let marks = store.advance_epoch("fourth").await.unwrap();
+        assert_eq!(marks.len(), 3, "{marks:?}");
+        assert!(
+            marks.iter().any(|m| m.place == place),
+            "{place} kept its name: {marks:?}"
+        );
+        let losses = watch.observe(&marks);
+        assert_eq!(losses.len(), 1, "{losses:?}");
+        assert_eq!(losses[0].place, place);
+        assert_eq!(losses[0].cause, LossCause::RolledBack { seen: 2, read: 2 });
+        let _ = store.delete_all().await;
     });
 }

@@ -39,7 +39,7 @@ pub(crate) fn corrupt(value: CorruptValue) -> StoreError {
 /// Fewer replicas than asked for acknowledged a write in time. The write
 /// stands on the master, but the store does not answer as if it would
 /// survive a failover: it fails closed.
-pub(crate) fn not_replicated(acked: i64, wait: crate::ReplicaWait) -> StoreError {
+pub(crate) fn not_replicated(acked: i64, wait: crate::replica_wait::ReplicaWait) -> StoreError {
     StoreError::new(
         StoreErrorKind::Unavailable,
         format!(

@@ -7,7 +7,7 @@
 use idem_core::decode::{self, ClaimColumns, CorruptValue, RecordColumns};
 use idem_core::transition::FinishedParts;
 use idem_core::{
-    Claim, ClaimRequest, Key, Operation, Record, RecordId, Scope, Status, StoreError,
+    Claim, ClaimRequest, EpochMark, Key, Operation, Record, RecordId, Scope, Status, StoreError,
     StoredResponse,
 };
 use redis::Value;
@@ -82,6 +82,15 @@ pub(crate) fn records_by_key_from_reply(
             record_from_reply(id, c.get(1..).unwrap_or_default())
         })
         .collect()
+}
+
+/// `place`'s mark from the reply of `epoch.lua`: epoch, counter, created.
+pub(crate) fn epoch_from_reply(place: String, items: &[Value]) -> Result<EpochMark, StoreError> {
+    let epoch = text(items, 0, "epoch")?;
+    let counter = u64::try_from(need(int(items, 1)?, "epoch counter")?)
+        .map_err(|_| corrupt(CorruptValue::new("epoch counter")))?;
+    let created = need(int(items, 2)?, "epoch reply")? == 1;
+    Ok(EpochMark::new(place, epoch, counter, created))
 }
 
 /// A record without resource id or response from items 0..=5:

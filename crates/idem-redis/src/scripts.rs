@@ -13,10 +13,12 @@ pub(crate) struct Scripts {
     pub(crate) claim: LuaScript,
     pub(crate) complete: LuaScript,
     pub(crate) release: LuaScript,
+    pub(crate) extend: LuaScript,
     pub(crate) get: LuaScript,
     pub(crate) purge: LuaScript,
     pub(crate) stale: LuaScript,
     pub(crate) find: LuaScript,
+    pub(crate) epoch: LuaScript,
 }
 
 impl Scripts {
@@ -25,10 +27,12 @@ impl Scripts {
             claim: LuaScript::new(include_str!("lua/claim.lua")),
             complete: LuaScript::new(include_str!("lua/complete.lua")),
             release: LuaScript::new(include_str!("lua/release.lua")),
+            extend: LuaScript::new(include_str!("lua/extend.lua")),
             get: LuaScript::new(include_str!("lua/get.lua")),
             purge: LuaScript::new(include_str!("lua/purge.lua")),
             stale: LuaScript::new(include_str!("lua/stale.lua")),
             find: LuaScript::new(include_str!("lua/find.lua")),
+            epoch: LuaScript::new(include_str!("lua/epoch.lua")),
         }
     }
 }
@@ -129,6 +133,7 @@ pub(crate) struct Keys {
     layout: Layout,
     fence: String,
     in_progress: String,
+    epoch: String,
 }
 
 impl Keys {
@@ -136,6 +141,7 @@ impl Keys {
         Keys {
             fence: format!("{prefix}:fence"),
             in_progress: format!("{prefix}:in-progress"),
+            epoch: format!("{prefix}:epoch"),
             prefix,
             layout,
         }
@@ -264,6 +270,24 @@ impl Keys {
         // On a cluster the bucket must be the one the id hashes to, or it
         // is not a key this layout wrote.
         (self.record(&id) == record_key).then_some(id)
+    }
+
+    /// The store's epoch on one server (`PREFIX:epoch`, a hash: epoch,
+    /// counter; see `epoch.lua`). Not a record: no pattern or index of the
+    /// records reaches it.
+    pub(crate) fn epoch(&self) -> String {
+        self.epoch.clone()
+    }
+
+    /// On a cluster, the epoch of the master that serves `ranges` (inclusive
+    /// slot ranges): `PREFIX:{eN}:epoch`, with the first tag `eN` (N = 0, 1,
+    /// ...) whose slot the master serves, so the key lives on that master
+    /// and stays the same for as long as it serves those slots (whoever
+    /// serves them: a promoted replica has the same key). The tag is not a
+    /// bucket's (those are numbers), so no record pattern matches it.
+    /// `None` when no tag was found (no slot in `ranges`).
+    pub(crate) fn shard_epoch(&self, ranges: &[(u16, u16)]) -> Option<String> {
+        crate::epoch::shard_tag(ranges).map(|tag| format!("{}:{{{tag}}}:epoch", self.prefix))
     }
 
     /// A `SCAN` pattern for every record.

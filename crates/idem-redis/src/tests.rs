@@ -3,10 +3,11 @@
 
 use std::time::Duration;
 
-use idem_core::Operation;
+use idem_core::{Claim, Operation, RecordId, Settled, Store};
 use idem_testkit::{IsolatedBackend, request, t0, unique_id};
 
 use super::*;
+use crate::connection::Connection;
 
 /// The Redis at `IDEM_TEST_REDIS_URL`; each store under a key prefix of
 /// its own.
@@ -74,7 +75,7 @@ fn scripts_survive_a_flush() {
             store.claim(&request(&id, "{}", t0())).await.unwrap(),
             Claim::Acquired(_)
         ));
-        let mut conn = store.conn.clone();
+        let mut conn = store.conn.get();
         let _: () = redis::cmd("SCRIPT")
             .arg("FLUSH")
             .query_async(&mut conn)
@@ -146,6 +147,56 @@ fn store_recovers_after_redis_restarts() {
     });
 }
 
+/// A heartbeat past the record's expiry raises the Redis TTLs of the
+/// record and its (scope, key) index with it (never lowers them), so Redis
+/// does not drop a record whose execution still runs.
+#[test]
+fn extend_lease_raises_the_redis_ttls() {
+    let Some(url) = TestRedis::url() else { return };
+    rt().block_on(async {
+        let g = TestRedis::fresh(&url).await;
+        let store = g.store();
+        let id = unique_id("redis-extend-ttl");
+        let conn = store.conn.get();
+        let pexpiretime = |mut conn: Connection, key: String| async move {
+            let at: i64 = redis::cmd("PEXPIRETIME")
+                .arg(&key)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            at
+        };
+        let (record, index) = (
+            store.record_key(&id),
+            store.key_index_key(&id.scope, &id.key),
+        );
+        let Claim::Acquired(lease) = store.claim(&request(&id, "{}", t0())).await.unwrap() else {
+            panic!("claim");
+        };
+        let new_end = lease.expires_at + Duration::from_secs(600);
+        assert_eq!(
+            store
+                .extend_lease(&id, lease.fence, new_end, t0())
+                .await
+                .unwrap(),
+            Settled::Applied
+        );
+        let want = (new_end + EXPIRY_MARGIN).as_millis();
+        assert_eq!(pexpiretime(conn.clone(), record.clone()).await, want);
+        assert_eq!(pexpiretime(conn.clone(), index.clone()).await, want);
+        // An earlier end lowers nothing.
+        assert_eq!(
+            store
+                .extend_lease(&id, lease.fence, lease.expires_at, t0())
+                .await
+                .unwrap(),
+            Settled::Applied
+        );
+        assert_eq!(pexpiretime(conn.clone(), record).await, want);
+        assert_eq!(pexpiretime(conn.clone(), index).await, want);
+    });
+}
+
 /// The (scope, key) index: written by the claim with a TTL at least the
 /// record's expiry, left behind by release, cleaned by the look-up.
 #[test]
@@ -156,7 +207,7 @@ fn the_key_index_is_cleaned_by_look_ups() {
         let store = g.store();
         let id = unique_id("redis-key-index1");
         let index = store.key_index_key(&id.scope, &id.key);
-        let mut conn = store.conn.clone();
+        let mut conn = store.conn.get();
         let members = |mut conn: Connection, index: String| async move {
             let n: i64 = redis::cmd("ZCARD")
                 .arg(&index)
@@ -342,5 +393,170 @@ fn a_server_that_refuses_the_waits_commands_is_refused_at_connect() {
             .connect()
             .await
             .expect("without the wait, INFO is not needed");
+    });
+}
+
+/// The test Redis runs with `--appendonly no`: the report says it loses
+/// records.
+#[test]
+fn durability_reports_appendonly_no_as_losing_records() {
+    use idem_testkit::private_redis::{PrivateRedis, free_port};
+    let Some(redis) = PrivateRedis::start(free_port()) else {
+        return;
+    };
+    redis.wait_ready();
+    rt().block_on(async {
+        let store = RedisStore::builder(redis.url()).connect().await.unwrap();
+        let report = store.durability().await.unwrap();
+        let settings: Vec<&str> = report.findings.iter().map(|f| f.setting.as_str()).collect();
+        assert_eq!(settings, ["appendonly", "appendfsync", "maxmemory-policy"]);
+        assert_eq!(report.findings[0].value, "no");
+        assert!(report.findings[0].verdict.loses());
+        assert!(report.loses_records());
+    });
+}
+
+/// The epoch (`idem_core::EpochWatch`) on one server: one place, `store`,
+/// at `PREFIX:epoch`, with no TTL. A private Redis without persistence,
+/// restarted, has lost it: the next advance writes it again and the watch
+/// reports the store emptied. While the server is down an advance is
+/// `Unavailable`.
+#[test]
+fn a_restart_without_persistence_is_seen_as_an_emptied_store() {
+    use idem_core::{EpochMark, EpochWatch, LossCause};
+    use idem_testkit::private_server::PrivateServer;
+    use idem_testkit::restartable_redis::RestartableRedis;
+    if TestRedis::url().is_none() {
+        return;
+    }
+    let Some(server) = RestartableRedis::in_memory() else {
+        return;
+    };
+    rt().block_on(async {
+        let store = RedisStore::builder(server.url())
+            .prefix("epoch-test")
+            .timeout(Duration::from_millis(500))
+            .connect()
+            .await
+            .unwrap();
+        let mut watch = EpochWatch::new();
+        let marks = store.advance_epoch("before").await.unwrap();
+        assert_eq!(marks, [EpochMark::new("store", "before", 1, true)]);
+        assert!(watch.observe(&marks).is_empty());
+        let marks = store.advance_epoch("ignored").await.unwrap();
+        assert_eq!(marks, [EpochMark::new("store", "before", 2, false)]);
+        assert!(watch.observe(&marks).is_empty());
+        let mut conn = store.conn.get();
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg("epoch-test:epoch")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(ttl, -1, "the epoch never expires");
+
+        let mut server = tokio::task::spawn_blocking(move || {
+            let mut server = server;
+            server.crash();
+            server
+        })
+        .await
+        .unwrap();
+        let e = store.advance_epoch("while-down").await.unwrap_err();
+        assert!(e.is_unavailable(), "{e:?}");
+        server = tokio::task::spawn_blocking(move || {
+            server.restart();
+            server
+        })
+        .await
+        .unwrap();
+
+        // The store reconnects by itself: poll, with a deadline.
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let marks = loop {
+            match store.advance_epoch("after").await {
+                Ok(marks) => break marks,
+                Err(e) => {
+                    assert!(e.is_unavailable(), "{e:?}");
+                    assert!(std::time::Instant::now() < deadline, "no reconnect: {e}");
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert_eq!(marks, [EpochMark::new("store", "after", 1, true)]);
+        let losses = watch.observe(&marks);
+        assert_eq!(losses.len(), 1, "{losses:?}");
+        assert_eq!(losses[0].place, "store");
+        assert_eq!(losses[0].cause, LossCause::Emptied);
+        // The new epoch is remembered: its next advance is no loss.
+        let marks = store.advance_epoch("again").await.unwrap();
+        assert_eq!(marks, [EpochMark::new("store", "after", 2, false)]);
+        assert!(watch.observe(&marks).is_empty());
+        drop(server);
+    });
+}
+
+/// A counter set back (as a failover to a replica that had not received
+/// the last advances would leave it) is a rollback; another epoch in its
+/// place (a restored backup of another store) is a replacement.
+#[test]
+fn an_epoch_counter_set_back_is_seen_as_a_rollback() {
+    use idem_core::{EpochWatch, LossCause};
+    let Some(url) = TestRedis::url() else { return };
+    rt().block_on(async {
+        let g = TestRedis::fresh(&url).await;
+        let store = g.store();
+        let key = store.keys.epoch();
+        assert_eq!(key, format!("{}:epoch", store.prefix()));
+        let mut watch = EpochWatch::new();
+        for _ in 0..3 {
+            let marks = store.advance_epoch("mine").await.unwrap();
+            assert!(watch.observe(&marks).is_empty(), "{marks:?}");
+        }
+        let mut conn = store.conn.get();
+        let hset = |field: &'static str, value: &'static str| {
+            let (mut conn, key) = (conn.clone(), key.clone());
+            async move {
+                let _: i64 = redis::cmd("HSET")
+                    .arg(&key)
+                    .arg(field)
+                    .arg(value)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+            }
+        };
+        hset("counter", "1").await;
+        let marks = store.advance_epoch("mine").await.unwrap();
+        assert_eq!((marks[0].counter, marks[0].created), (2, false));
+        let losses = watch.observe(&marks);
+        assert_eq!(losses.len(), 1, "{losses:?}");
+        assert_eq!(losses[0].cause, LossCause::RolledBack { seen: 3, read: 2 });
+        // Advancing again from there is fine.
+        assert!(
+            watch
+                .observe(&store.advance_epoch("mine").await.unwrap())
+                .is_empty()
+        );
+
+        hset("epoch", "someone-else").await;
+        let losses = watch.observe(&store.advance_epoch("mine").await.unwrap());
+        assert_eq!(losses.len(), 1, "{losses:?}");
+        assert_eq!(losses[0].cause, LossCause::Replaced);
+
+        // Not a record: no record pattern, index or look-up reaches it.
+        let mut scan = conn.scan(store.keys.every_record()).await.unwrap();
+        while let Some(page) = scan.next_page(&mut conn).await.unwrap() {
+            assert!(!page.contains(&key), "{page:?}");
+        }
+        assert_eq!(store.keys.id_of(&key), None);
+        let far = t0() + Duration::from_secs(100 * 365 * 86_400);
+        assert_eq!(store.purge_expired(far, 1000).await.unwrap(), 0);
+        assert!(store.list_stale(far, None, 1000).await.unwrap().is_empty());
+        let exists: i64 = redis::cmd("EXISTS")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(exists, 1);
     });
 }

@@ -76,12 +76,17 @@ impl CallSpec {
 
     /// Uses `key` instead of generating one (the caller's own intent id).
     ///
-    /// `key` is the value itself, without quotes; it goes on the wire as
-    /// an sf-string ([`Attempt::key_header_value`]). A key that is not 1
-    /// to 255 printable ASCII characters fails the call before anything
-    /// is sent, with [`RetryError::InvalidKey`]; so does one that starts
-    /// or ends with a space (HTTP would strip it, and the server would see
-    /// another key).
+    /// Give your own key when the intent outlives this process (a payment
+    /// id kept in your database): a retry after a restart must send the
+    /// same key. `key` is the value itself, without quotes; it goes on the
+    /// wire as an sf-string ([`Attempt::key_header_value`]). A key that is
+    /// not printable ASCII, longer than 255 or shorter than the policy's
+    /// [`min_key_len`](crate::RetryPolicyBuilder::min_key_len) (16, as the
+    /// server's default) fails the call before anything is sent, with
+    /// [`RetryError::InvalidKey`]; so does one that starts or ends with a
+    /// space (HTTP would strip it, and the server would see another key).
+    /// A generated key is in [`CallReport::key`]: keep it to retry after a
+    /// restart.
     pub fn with_key(mut self, key: impl Into<String>) -> Self {
         self.key = KeyMode::Given(key.into());
         self.as_sent = None;
@@ -273,8 +278,8 @@ pub enum RetryError<E = Infallible> {
     /// that is not a key (a malformed sf-string, bytes beyond ASCII).
     /// Sending it anyway would send a request the client believes
     /// protected without its key, or one the server refuses.
-    #[error("the Idempotency-Key cannot be sent; nothing was sent")]
-    InvalidKey(#[source] KeyError),
+    #[error("the Idempotency-Key cannot be sent ({0}); nothing was sent")]
+    InvalidKey(KeyError),
 }
 
 impl<E> RetryError<E> {
@@ -355,7 +360,7 @@ impl Retrier {
         transport: &mut T,
     ) -> (Result<T::Response, RetryError<T::Error>>, CallReport) {
         if let KeyMode::Given(key) = &spec.key
-            && let Err(e) = sendable_key(key)
+            && let Err(e) = sendable_key(key, self.policy.min_key_len)
         {
             let report = CallReport {
                 attempts: 0,
@@ -409,7 +414,7 @@ impl Retrier {
                 let wire = HeaderValue::from_str(&format!("\"{key}\"")).ok();
                 (Some(key.into()), wire)
             }
-            KeyMode::Given(k) => match sendable_key(&k) {
+            KeyMode::Given(k) => match sendable_key(&k, self.policy.min_key_len) {
                 Ok(valid) => {
                     let wire = spec
                         .as_sent
@@ -446,8 +451,14 @@ impl Retrier {
 /// A key the caller gave, as it can be sent: 1 to 255 printable ASCII
 /// characters, not starting or ending with a space (HTTP strips those, so
 /// the server would see another key).
-fn sendable_key(key: &str) -> Result<Key, KeyError> {
+fn sendable_key(key: &str, min_len: usize) -> Result<Key, KeyError> {
     let valid = Key::new(key)?;
+    if key.len() < min_len {
+        return Err(KeyError::TooShort {
+            len: key.len(),
+            min: min_len,
+        });
+    }
     if let Some(at) = [0, key.len().saturating_sub(1)]
         .into_iter()
         .find(|&i| key.as_bytes().get(i) == Some(&b' '))

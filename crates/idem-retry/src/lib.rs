@@ -127,7 +127,7 @@ pub use idem_core::header_names;
 pub use observe::{Observation, ObserveError, ObserveResponse, Observed, parse_retry_after};
 pub use policy::{RefreshHook, RetryPolicy, RetryPolicyBuilder};
 #[cfg(feature = "reqwest")]
-pub use reqwest_mw::RetryMiddleware;
+pub use reqwest_mw::{RetryMiddleware, SentKey};
 #[cfg(feature = "tower")]
 pub use tower_layer::{RetryLayer, RetryService};
 
@@ -135,3 +135,10 @@ pub use tower_layer::{RetryLayer, RetryService};
 #[cfg(all(doctest, feature = "reqwest"))]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
+
+/// The project README's Rust examples (the HTTP layer and the retry
+/// client), compiled by `cargo test --doc -p idem-retry`: this crate's
+/// tests have every crate they use.
+#[cfg(all(doctest, feature = "reqwest"))]
+#[doc = include_str!("../../../README.md")]
+struct ProjectReadmeDoctests;

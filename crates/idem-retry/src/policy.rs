@@ -22,6 +22,8 @@ pub struct RetryPolicy {
     pub(crate) backoff: Arc<Backoff>,
     pub(crate) deadline: Option<Duration>,
     pub(crate) max_retry_after: Duration,
+    /// The shortest key given with `CallSpec::with_key` that is sent.
+    pub(crate) min_key_len: usize,
     pub(crate) classifier: Arc<dyn Classify>,
     pub(crate) budget: Option<Arc<RetryBudget>>,
     pub(crate) refresh: Option<RefreshHook>,
@@ -34,6 +36,7 @@ impl fmt::Debug for RetryPolicy {
             .field("backoff", &self.backoff)
             .field("deadline", &self.deadline)
             .field("max_retry_after", &self.max_retry_after)
+            .field("min_key_len", &self.min_key_len)
             .field("classifier", &self.classifier)
             .field("budget", &self.budget.is_some())
             .field("refresh", &self.refresh.is_some())
@@ -61,6 +64,7 @@ impl RetryPolicy {
                 )),
                 deadline: None,
                 max_retry_after: Duration::from_secs(60),
+                min_key_len: idem_core::KeyPolicy::default().minimum_len(),
                 classifier: Arc::new(DefaultClassifier),
                 budget: Some(Arc::new(RetryBudget::default())),
                 refresh: None,
@@ -96,6 +100,17 @@ impl RetryPolicyBuilder {
     /// The longest a call may take, retries and waits included. Default none.
     pub fn deadline(mut self, d: Duration) -> Self {
         self.policy.deadline = Some(d);
+        self
+    }
+
+    /// The shortest key of the caller's own ([`CallSpec::with_key`](crate::CallSpec::with_key))
+    /// that is sent; a shorter one fails the call before anything is sent
+    /// ([`RetryError::InvalidKey`](crate::RetryError::InvalidKey) with
+    /// `KeyError::TooShort`). Default 16, the server's default
+    /// (`idem serve --min-key-len`, `KeyPolicy::min_len`): set both alike.
+    /// Generated keys (UUID v4, 36 characters) always pass.
+    pub fn min_key_len(mut self, len: usize) -> Self {
+        self.policy.min_key_len = len.clamp(1, 255);
         self
     }
 

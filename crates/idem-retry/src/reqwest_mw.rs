@@ -39,7 +39,11 @@ impl ObserveError for reqwest_middleware::Error {
 ///
 /// POST and PATCH requests without an `Idempotency-Key` header get a
 /// generated one; a header already set is read as the server reads it and
-/// kept for every attempt. The key goes out as an RFC 8941 sf-string
+/// kept for every attempt. The key sent is in the response's extensions
+/// as a [`SentKey`]. To keep a key across a restart of the client (so that
+/// a retry after the restart is still the same intent), make it yourself,
+/// store it with the intent, and set the header: a generated key is only
+/// known once an answer came back. The key goes out as an RFC 8941 sf-string
 /// (`Idempotency-Key: "…"`). A request whose body cannot be cloned (a
 /// stream) is sent once, untouched.
 ///
@@ -70,6 +74,13 @@ impl RetryMiddleware {
         RetryMiddleware { retrier }
     }
 }
+
+/// The `Idempotency-Key` a request was sent with (generated, or the one the
+/// caller set), in the extensions of the response [`RetryMiddleware`]
+/// returns: `response.extensions().get::<SentKey>()`. Absent for a request
+/// sent without a key (a GET, a streamed body).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SentKey(pub std::sync::Arc<str>);
 
 /// The attempts of one request, each sent through the rest of the chain.
 struct ChainAttempts<'a> {
@@ -117,11 +128,15 @@ impl Middleware for RetryMiddleware {
             extensions,
             next,
         };
-        let result = self.retrier.run(spec, &mut attempts).await.0;
-        result.map_err(|e| match e.engine_made() {
+        let (result, report) = self.retrier.run(spec, &mut attempts).await;
+        let mut response = result.map_err(|e| match e.engine_made() {
             Ok(failure) => engine_failure(failure),
             Err(transport) => transport,
-        })
+        })?;
+        if let Some(key) = report.key {
+            response.extensions_mut().insert(SentKey(key));
+        }
+        Ok(response)
     }
 }
 
@@ -183,6 +198,46 @@ mod tests {
         reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
             .with(RetryMiddleware::new(policy))
             .build()
+    }
+
+    /// The key a POST went out with, generated or given, is in the
+    /// response's extensions, as the server saw it (without the sf-string
+    /// quotes).
+    #[tokio::test]
+    async fn the_key_sent_is_in_the_response() {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let log = seen.clone();
+        let app = axum::Router::new().route(
+            "/",
+            post(move |headers: HeaderMap| {
+                let log = log.clone();
+                async move {
+                    let key = headers["idempotency-key"].to_str().unwrap().to_owned();
+                    log.lock().unwrap().push(key.trim_matches('"').to_owned());
+                    StatusCode::CREATED
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+
+        let generated = client().post(&url).body("{}").send().await.unwrap();
+        let SentKey(key) = generated.extensions().get::<SentKey>().unwrap().clone();
+        assert_eq!(seen.lock().unwrap()[0], &*key);
+        let mine = "my-own-intent-key-000001";
+        let given = client()
+            .post(&url)
+            .header("idempotency-key", mine)
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            given.extensions().get::<SentKey>(),
+            Some(&SentKey(mine.into()))
+        );
+        assert_eq!(seen.lock().unwrap()[1], mine);
     }
 
     #[tokio::test]

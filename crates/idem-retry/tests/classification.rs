@@ -212,8 +212,8 @@ async fn a_caller_key_is_kept_and_gets_are_retried_without_one() {
         ),
         (
             "/status/504",
-            r#""say \"hi\" \\ 3""#,
-            r#""say \"hi\" \\ 3""#,
+            r#""say \"hi\" \\ again 3""#,
+            r#""say \"hi\" \\ again 3""#,
         ),
     ] {
         let r = c

@@ -235,3 +235,52 @@ async fn the_tower_layer_and_the_engine_refuse_a_key_they_cannot_send() {
     assert_eq!(report.stop, idem_retry::Stop::InvalidKey);
     assert_eq!(hits.load(Ordering::SeqCst), 0, "nothing was sent");
 }
+
+/// Client and server agree on keys: a key of the caller's own shorter than
+/// the server's default minimum (16) is refused before anything is sent,
+/// and the error says why; a policy set to the server's own minimum sends
+/// it.
+#[tokio::test]
+async fn a_key_shorter_than_the_servers_minimum_is_not_sent() {
+    let (base, hits) = unavailable_server().await;
+    let http = reqwest::Client::new();
+    let (result, report) = idem_retry::Retrier::new(fast())
+        .call_with_report(idem_retry::CallSpec::keyed().with_key("ord-42"), |_| {
+            http.post(format!("{base}/busy")).send()
+        })
+        .await;
+    let Err(err) = result else {
+        panic!("a 6-character key was sent")
+    };
+    assert!(
+        matches!(
+            err,
+            RetryError::InvalidKey(KeyError::TooShort { len: 6, min: 16 })
+        ),
+        "{err:?}"
+    );
+    let shown = err.to_string();
+    assert!(
+        shown.contains("6 characters") && shown.contains("16"),
+        "{shown}"
+    );
+    assert_eq!(report.attempts, 0);
+    assert_eq!(hits.load(Ordering::SeqCst), 0, "nothing was sent");
+
+    // A server with `--min-key-len 4`, and a client set alike.
+    let lenient = RetryPolicy::builder()
+        .no_budget()
+        .backoff(Backoff::new(
+            Duration::from_millis(1),
+            Duration::from_millis(5),
+        ))
+        .min_key_len(4)
+        .build();
+    let (_, report) = idem_retry::Retrier::new(lenient)
+        .call_with_report(idem_retry::CallSpec::keyed().with_key("ord-42"), |_| {
+            http.post(format!("{base}/busy")).send()
+        })
+        .await;
+    assert!(report.attempts >= 1);
+    assert!(hits.load(Ordering::SeqCst) >= 1, "sent");
+}

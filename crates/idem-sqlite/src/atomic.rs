@@ -22,8 +22,8 @@ use idem_core::{
 use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::oneshot;
 
-use crate::SqliteStore;
 use crate::error::sqlite_error;
+use crate::store::SqliteStore;
 use crate::writer::{AtomicJob, ClaimedJob, Finish, Job, complete_in};
 
 type Answer<T, E> = oneshot::Sender<Result<Atomic<T, E>, StoreError>>;

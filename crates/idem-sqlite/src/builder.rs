@@ -9,31 +9,10 @@ use std::time::Duration;
 
 use idem_core::{StoreError, StoreErrorKind};
 
+use crate::schema;
+use crate::store::{Inner, SqliteStore};
+use crate::synchronous::Synchronous;
 use crate::writer::Writer;
-use crate::{Inner, SqliteStore, schema};
-
-/// SQLite's `synchronous` setting for the store.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum Synchronous {
-    /// Every commit is on disk before the store answers. The default, and the
-    /// only setting that keeps the contract's durability promise across a
-    /// power loss.
-    #[default]
-    Full,
-    /// WAL commits survive a process crash but not a power loss. For tests
-    /// and benchmarks that want to see the difference.
-    Normal,
-}
-
-impl Synchronous {
-    pub(crate) fn pragma(self) -> &'static str {
-        match self {
-            Synchronous::Full => "FULL",
-            Synchronous::Normal => "NORMAL",
-        }
-    }
-}
 
 /// Options for opening a store.
 #[derive(Debug, Clone)]
@@ -44,6 +23,21 @@ pub struct SqliteStoreBuilder {
     readers: usize,
     max_queue: usize,
     write_timeout: Duration,
+}
+
+impl SqliteStore {
+    /// Opens (or creates) a store at `path` with the default options.
+    ///
+    /// # Errors
+    /// As [`SqliteStoreBuilder::open`].
+    pub fn open(path: impl AsRef<Path>) -> Result<SqliteStore, StoreError> {
+        SqliteStore::builder(path).open()
+    }
+
+    /// Options for opening a store at `path`.
+    pub fn builder(path: impl AsRef<Path>) -> SqliteStoreBuilder {
+        SqliteStoreBuilder::new(path.as_ref())
+    }
 }
 
 impl SqliteStoreBuilder {
@@ -128,6 +122,7 @@ impl SqliteStoreBuilder {
                 readers: Mutex::new(vec![first_reader]),
                 max_readers: self.readers,
                 path: self.path,
+                synchronous: self.synchronous,
             }),
         })
     }

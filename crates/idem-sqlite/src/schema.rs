@@ -10,8 +10,8 @@ use std::path::Path;
 use idem_core::StoreError;
 use rusqlite::{Connection, OpenFlags};
 
-use crate::Synchronous;
 use crate::error::{setup, setup_error};
+use crate::synchronous::Synchronous;
 
 /// "idem" in ASCII.
 const APPLICATION_ID: i64 = 0x6964_656d;
@@ -20,12 +20,13 @@ pub(crate) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
 /// Migration `i` takes the schema from version `i` to `i + 1`, inside the
 /// migration's transaction.
-const MIGRATIONS: [fn(&Connection) -> rusqlite::Result<()>; 5] = [
+const MIGRATIONS: [fn(&Connection) -> rusqlite::Result<()>; 6] = [
     |c| c.execute_batch(SCHEMA_V1),
     |c| c.execute_batch(SCHEMA_V2),
     |c| c.execute_batch(SCHEMA_V3),
     |c| c.execute_batch(SCHEMA_V4),
     migrate_to_v5,
+    |c| c.execute_batch(SCHEMA_V6),
 ];
 
 const SCHEMA_V1: &str = "
@@ -129,6 +130,18 @@ ALTER TABLE idem_records_v5 RENAME TO idem_records;
 CREATE UNIQUE INDEX idem_records_key ON idem_records (scope, key, operation);
 CREATE INDEX idem_records_expires_at ON idem_records (expires_at);
 CREATE INDEX idem_records_stale ON idem_records (lease_until, scope, operation, key) WHERE status = 0;
+";
+
+/// The store's epoch (`idem_core::EpochWatch`): one row per place (this
+/// store has one, `store`), its id written once and its counter advanced
+/// by every check (`Store::advance_epoch`). Not a record: no purge, stale
+/// listing or look-up by key reads it, and it never expires.
+const SCHEMA_V6: &str = "
+CREATE TABLE idem_epoch (
+    place   TEXT    PRIMARY KEY,
+    epoch   TEXT    NOT NULL,
+    counter INTEGER NOT NULL
+) WITHOUT ROWID;
 ";
 
 /// The indexes on the records that idem itself created before schema 5

@@ -1,5 +1,9 @@
-use idem_core::StoreErrorKind;
+use idem_core::{
+    Claim, Completion, Fence, RecordId, Settled, Store, StoreError, StoreErrorKind, Timestamp,
+};
 use idem_testkit::Guarded;
+use rusqlite::Connection;
+use tokio::sync::oneshot;
 
 use super::*;
 
@@ -576,14 +580,21 @@ fn a_version_1_store_is_migrated_on_open() {
         )
         .unwrap();
     assert_eq!(n, 2);
+    assert!(has_epoch_table(&c));
 }
 
-/// Rewrites a store file as schema `version` (1 to 4) had it, with the
+/// Rewrites a store file as schema `version` (1 to 5) had it, with the
 /// same records: a table without rowid keyed by (scope, operation, key)
 /// (schema 4: (scope, key, operation)), the indexes of that version, and
 /// the fence counter (in `idem_meta` before schema 4) at `counter`, or at
-/// the file's own value.
+/// the file's own value; schema 5 is today's without the epoch table
+/// (schema 6).
 fn rewrite_as_old_schema(c: &Connection, version: i64, counter: Option<i64>) {
+    if version == 5 {
+        c.execute_batch("BEGIN; DROP TABLE idem_epoch; PRAGMA user_version = 5; COMMIT;")
+            .unwrap();
+        return;
+    }
     let counter: i64 = match counter {
         Some(n) => n,
         None => c
@@ -633,6 +644,7 @@ fn rewrite_as_old_schema(c: &Connection, version: i64, counter: Option<i64>) {
          {later}
          INSERT INTO idem_records SELECT * FROM saved;
          DROP TABLE saved;
+         DROP TABLE IF EXISTS idem_epoch;
          {counter_sql}
          PRAGMA user_version = {version};
          COMMIT;"
@@ -679,6 +691,11 @@ fn queries_search_the_keys_they_were_laid_out_for() {
         one.contains("USING INDEX idem_records_key (scope=? AND key=? AND operation=?)"),
         "{one}"
     );
+    let extend = plan(crate::writer::EXTEND);
+    assert!(
+        extend.contains("USING INDEX idem_records_key (scope=? AND key=? AND operation=?)"),
+        "{extend}"
+    );
     let purge = plan(crate::writer::PURGE);
     assert!(
         purge.contains("USING INTEGER PRIMARY KEY (rowid=?)")
@@ -717,6 +734,49 @@ fn a_version_2_store_is_migrated_on_open() {
     drop(store);
     let c = Connection::open(&path).unwrap();
     assert_eq!(user_version(&c), schema::SCHEMA_VERSION);
+    assert!(has_epoch_table(&c));
+}
+
+/// A file written by schema 5 (before the epoch) gets the epoch table on
+/// open, keeps its records, and its first epoch is written then.
+#[test]
+fn a_version_5_store_gets_its_epoch_table_on_open() {
+    use idem_testkit::{request, t0, unique_id};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v5.db");
+    let id = unique_id("migrate-v5-key-1");
+    let rt = idem_testkit::runtime();
+    {
+        let store = SqliteStore::open(&path).unwrap();
+        let claim = rt.block_on(store.claim(&request(&id, "{}", t0()))).unwrap();
+        assert!(matches!(claim, Claim::Acquired(_)));
+    }
+    let c = Connection::open(&path).unwrap();
+    let before = all_rows(&c);
+    rewrite_as_old_schema(&c, 5, None);
+    assert!(!has_epoch_table(&c));
+    drop(c);
+    let store = SqliteStore::open(&path).unwrap();
+    let c = Connection::open(&path).unwrap();
+    assert_eq!(user_version(&c), schema::SCHEMA_VERSION);
+    assert!(has_epoch_table(&c));
+    assert_eq!(all_rows(&c), before, "the records are untouched");
+    let marks = rt.block_on(store.advance_epoch("after-v5")).unwrap();
+    assert_eq!(
+        marks,
+        [idem_core::EpochMark::new("store", "after-v5", 1, true)]
+    );
+}
+
+/// Whether the file has the epoch table (schema 6).
+fn has_epoch_table(c: &Connection) -> bool {
+    c.query_row(
+        "SELECT count(*) FROM sqlite_schema WHERE type = 'table' AND name = 'idem_epoch'",
+        [],
+        |r| r.get::<_, i64>(0),
+    )
+    .unwrap()
+        == 1
 }
 
 /// A file written by schema 3 (primary key (scope, operation, key) and an
@@ -779,6 +839,7 @@ fn rebuilt_on_open_with_every_record(version: i64) {
     assert_eq!(all_rows(&c), before, "every row and column survives");
     let (v, indexes) = (user_version(&c), index_names(&c));
     assert_eq!(v, schema::SCHEMA_VERSION);
+    assert!(has_epoch_table(&c));
     assert_eq!(
         indexes,
         "idem_records_expires_at,idem_records_key,idem_records_stale"
@@ -1218,6 +1279,84 @@ fn the_rebuild_keeps_rows_that_reference_the_records() {
     assert_eq!(count(&mismatched), 1);
 }
 
+/// The epoch (`idem_core::EpochWatch`) notices a file that lost data: its
+/// epoch rows deleted (emptied), its counter set back or the file replaced
+/// by a backup taken earlier (rolled back).
+mod epoch {
+    use idem_core::{EpochWatch, LossCause};
+
+    use super::*;
+
+    /// Advances the store's epoch and shows its one mark to `watch`:
+    /// the causes of the losses it noticed.
+    async fn check(store: &SqliteStore, watch: &mut EpochWatch, candidate: &str) -> Vec<LossCause> {
+        let marks = store.advance_epoch(candidate).await.unwrap();
+        assert_eq!(marks.len(), 1, "{marks:?}");
+        assert_eq!(marks[0].place, "store");
+        watch.observe(&marks).into_iter().map(|l| l.cause).collect()
+    }
+
+    #[test]
+    fn deleted_rows_are_an_emptied_store_and_a_counter_set_back_a_rollback() {
+        let rt = idem_testkit::runtime();
+        let guarded = fresh();
+        let store = guarded.store();
+        let execute = |sql: &'static str| async move {
+            Connection::open(store.path())
+                .unwrap()
+                .execute(sql, [])
+                .unwrap();
+        };
+        rt.block_on(idem_testkit::epoch::hand_made_losses_are_seen(
+            store,
+            || execute("DELETE FROM idem_epoch"),
+            || execute("UPDATE idem_epoch SET counter = 1"),
+        ));
+    }
+
+    /// A backup taken while the store runs (`VACUUM INTO`, as an online
+    /// backup would), restored over the file once the store is stopped:
+    /// the reopened store's epoch is the same, its counter behind the
+    /// watcher's.
+    #[test]
+    fn a_restored_backup_is_a_rollback() {
+        let rt = idem_testkit::runtime();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.db");
+        let backup = dir.path().join("backup.db");
+        let mut watch = EpochWatch::new();
+        rt.block_on(async {
+            let store = SqliteStore::open(&path).unwrap();
+            assert!(check(&store, &mut watch, "kept").await.is_empty());
+            assert!(check(&store, &mut watch, "x").await.is_empty());
+            Connection::open(&path)
+                .unwrap()
+                .execute("VACUUM INTO ?1", [backup.to_str().unwrap()])
+                .unwrap();
+            assert!(check(&store, &mut watch, "y").await.is_empty());
+            assert!(check(&store, &mut watch, "z").await.is_empty());
+        });
+        for suffix in ["", "-wal", "-shm"] {
+            let mut file = path.clone().into_os_string();
+            file.push(suffix);
+            match std::fs::remove_file(&file) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => panic!("removing {file:?}: {e}"),
+            }
+        }
+        std::fs::copy(&backup, &path).unwrap();
+        rt.block_on(async {
+            let store = SqliteStore::open(&path).unwrap();
+            assert_eq!(
+                check(&store, &mut watch, "restored").await,
+                [LossCause::RolledBack { seen: 4, read: 3 }]
+            );
+            assert!(check(&store, &mut watch, "later").await.is_empty());
+        });
+    }
+}
+
 /// Backpressure: a stalled writer makes calls fail with `Unavailable`
 /// (after the write timeout, or at once when the queue is full) instead of
 /// piling up, and the store works again once the writer moves on.
@@ -1310,4 +1449,23 @@ mod backpressure {
             ));
         });
     }
+}
+
+/// The report follows the builder's `synchronous`: FULL keeps, OFF loses.
+#[test]
+fn durability_follows_synchronous() {
+    idem_testkit::runtime().block_on(async {
+        let full = fresh();
+        let report = full.durability().await.unwrap();
+        assert_eq!(report.findings[0].value, "FULL");
+        assert_eq!(report.findings[0].verdict, idem_core::Verdict::Keeps);
+        let dir = tempfile::tempdir().unwrap();
+        let off = SqliteStore::builder(dir.path().join("off.db"))
+            .synchronous(Synchronous::Off)
+            .open()
+            .unwrap();
+        let report = off.durability().await.unwrap();
+        assert_eq!(report.findings[0].value, "OFF");
+        assert!(report.loses_records());
+    });
 }

@@ -1,7 +1,7 @@
 //! The writer thread: one connection, one transaction per batch.
 //!
-//! Every write (claim, complete, release, purge) is a job sent to this
-//! thread. The thread takes the first job that arrives plus every job that
+//! Every write (claim, complete, release, lease extension, purge, the
+//! epoch's advance) is a job sent to this thread. The thread takes the first job that arrives plus every job that
 //! queued up behind it (up to `max_batch`), runs them all inside one
 //! `BEGIN IMMEDIATE … COMMIT`, and answers each caller only after the commit
 //! returned. With `synchronous=FULL` that commit is one fsync for the whole
@@ -44,8 +44,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
 
 use idem_core::{
-    Claim, ClaimRequest, Completion, Fence, Lease, RecordId, Settled, StoreError, StoreErrorKind,
-    Timestamp, transition,
+    Claim, ClaimRequest, Completion, EpochMark, Fence, Lease, RecordId, Settled, StoreError,
+    StoreErrorKind, Timestamp, transition,
 };
 use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::oneshot;
@@ -67,7 +67,16 @@ pub(crate) enum Job {
         Fence,
         oneshot::Sender<Result<Settled, StoreError>>,
     ),
+    /// A lease heartbeat: the record, its fence and the new lease end.
+    ExtendLease(
+        RecordId,
+        Fence,
+        Timestamp,
+        oneshot::Sender<Result<Settled, StoreError>>,
+    ),
     Purge(Timestamp, usize, oneshot::Sender<Result<usize, StoreError>>),
+    /// Advances the store's epoch, writing the candidate if it has none.
+    Epoch(String, oneshot::Sender<Result<EpochMark, StoreError>>),
     /// Caller code to run inside the batch's transaction (atomic mode).
     Atomic(Box<dyn AtomicJob>),
     /// A claim and, when it acquires, caller code, under one savepoint:
@@ -112,6 +121,10 @@ enum Reply {
         oneshot::Sender<Result<usize, StoreError>>,
         Result<usize, StoreError>,
     ),
+    Epoch(
+        oneshot::Sender<Result<EpochMark, StoreError>>,
+        Result<EpochMark, StoreError>,
+    ),
     Atomic(Box<dyn FnOnce(Result<(), StoreError>) + Send>),
     None,
 }
@@ -135,6 +148,7 @@ impl Reply {
             Reply::Claim(tx, r) => drop(tx.send(pick(r, batch))),
             Reply::Settled(tx, r) => drop(tx.send(pick(r, batch))),
             Reply::Count(tx, r) => drop(tx.send(pick(r, batch))),
+            Reply::Epoch(tx, r) => drop(tx.send(pick(r, batch))),
             Reply::Atomic(finish) => finish(pick(Ok(()), batch)),
             Reply::None => {}
         }
@@ -332,7 +346,8 @@ impl Writer {
             .and_then(|mut s| s.execute([]))
             .map_err(|e| sqlite_error("beginning a transaction", e))
             .and_then(|_| match claims {
-                // Completions, releases and purges draw no fence.
+                // Completions, releases, extensions and purges draw no
+                // fence.
                 0 => Ok(()),
                 n => self
                     .reserve_fences(n)
@@ -388,8 +403,11 @@ impl Writer {
         let e = || StoreError::new(StoreErrorKind::Unavailable, "sqlite store: batch aborted");
         match job {
             Job::Claim(_, tx) => Reply::Claim(tx, Err(e())),
-            Job::Complete(_, _, _, tx) | Job::Release(_, _, tx) => Reply::Settled(tx, Err(e())),
+            Job::Complete(_, _, _, tx) | Job::Release(_, _, tx) | Job::ExtendLease(_, _, _, tx) => {
+                Reply::Settled(tx, Err(e()))
+            }
             Job::Purge(_, _, tx) => Reply::Count(tx, Err(e())),
+            Job::Epoch(_, tx) => Reply::Epoch(tx, Err(e())),
             Job::Atomic(job) => {
                 job.refuse(e());
                 Reply::None
@@ -419,11 +437,22 @@ impl Writer {
                     .map_err(|e| sqlite_error("releasing", e));
                 Reply::Settled(tx, r)
             }
+            Job::ExtendLease(id, fence, lease_until, tx) => {
+                let r = self
+                    .extend_lease(&id, fence, lease_until)
+                    .map_err(|e| sqlite_error("extending a lease", e));
+                Reply::Settled(tx, r)
+            }
             Job::Purge(now, limit, tx) => {
                 let r = self
                     .purge(now, limit)
                     .map_err(|e| sqlite_error("purging", e));
                 Reply::Count(tx, r)
+            }
+            Job::Epoch(candidate, tx) => {
+                let r = crate::epoch::advance(&self.conn, &candidate)
+                    .map_err(|e| sqlite_error("advancing the epoch", e));
+                Reply::Epoch(tx, r)
             }
             Job::Atomic(job) => Reply::Atomic(job.run(&self.conn)),
             Job::ClaimAtomic(req, job) => self.claim_atomic(&req, job),
@@ -576,6 +605,26 @@ impl Writer {
         Ok(Settled::from_changed(n as u64))
     }
 
+    fn extend_lease(
+        &mut self,
+        id: &RecordId,
+        fence: Fence,
+        lease_until: Timestamp,
+    ) -> rusqlite::Result<Settled> {
+        let Some(fence) = fence.to_i64() else {
+            return Ok(Settled::StaleFence);
+        };
+        // SQLite counts every row the `WHERE` matched, moved or not.
+        let n = self.conn.prepare_cached(EXTEND)?.execute(params![
+            id.scope.as_str(),
+            id.operation.as_str(),
+            id.key.as_str(),
+            fence,
+            lease_until.as_millis(),
+        ])?;
+        Ok(Settled::from_changed(n as u64))
+    }
+
     fn purge(&mut self, now: Timestamp, limit: usize) -> rusqlite::Result<usize> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         self.conn
@@ -586,6 +635,16 @@ impl Writer {
 
 /// Deletes the in-progress record `(?1, ?2, ?3)` held under fence `?4`.
 pub(crate) const RELEASE: &str = "DELETE FROM idem_records \
+     WHERE scope = ?1 AND operation = ?2 AND key = ?3 AND fence = ?4 AND status = 0";
+
+/// Moves the lease of the in-progress record `(?1, ?2, ?3)` held under
+/// fence `?4` to `?5`, never earlier (`max` of two values is `NULL` if
+/// either is, hence the `coalesce`, though an in-progress record always
+/// has a lease), and raises its `expires_at` to at least `?5` in the same
+/// statement, so the record outlives its lease.
+pub(crate) const EXTEND: &str = "UPDATE idem_records \
+     SET lease_until = max(coalesce(lease_until, ?5), ?5), \
+         expires_at = max(expires_at, ?5) \
      WHERE scope = ?1 AND operation = ?2 AND key = ?3 AND fence = ?4 AND status = 0";
 
 /// Deletes up to `?2` records expired at `?1`, found through the expiry

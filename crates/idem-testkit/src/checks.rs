@@ -3,17 +3,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{LEASE, TTL, request, response, t0, unique_id};
+use crate::fixtures::{LEASE, TTL, request, response, t0, unique_id};
 use idem_core::{Claim, Completion, Fence, Lease, Settled, Status, Store};
 
-fn acquired(claim: Claim) -> Lease {
+pub(crate) fn acquired(claim: Claim) -> Lease {
     match claim {
         Claim::Acquired(lease) => lease,
         other => panic!("expected Acquired, got {other:?}"),
     }
 }
 
-async fn claim_ok<S: Store + ?Sized>(store: &S, req: &idem_core::ClaimRequest) -> Claim {
+pub(crate) async fn claim_ok<S: Store + ?Sized>(store: &S, req: &idem_core::ClaimRequest) -> Claim {
     store
         .claim(req)
         .await
@@ -559,4 +559,51 @@ pub async fn records_are_found_by_scope_and_key<S: Store + ?Sized>(store: &S) {
     let at = t0() + Duration::from_secs(20);
     let found = store.find_by_key(&scope, &key, at, 10).await.unwrap();
     assert_eq!(ids(&found), [&released, &tie_high, &tie_low, &done]);
+}
+
+/// The store's epoch (`idem_core::EpochWatch`): written once per place
+/// from the first candidate, advanced by one per call, atomically under
+/// concurrent callers, and untouched by a purge far past every expiry.
+pub async fn epoch_is_written_once_and_advances<S: Store + ?Sized>(store: &S) {
+    let first = store.advance_epoch("epoch-candidate-1").await.unwrap();
+    assert!(!first.is_empty(), "every store keeps an epoch");
+    for mark in &first {
+        assert!(mark.created, "a fresh store has no epoch: {mark:?}");
+        assert_eq!(mark.epoch, "epoch-candidate-1");
+        assert_eq!(mark.counter, 1);
+    }
+    let places = |marks: &[idem_core::EpochMark]| {
+        let mut p: Vec<String> = marks.iter().map(|m| m.place.clone()).collect();
+        p.sort();
+        p
+    };
+    let second = store.advance_epoch("epoch-candidate-2").await.unwrap();
+    assert_eq!(places(&second), places(&first));
+    for mark in &second {
+        assert!(!mark.created, "the epoch is written once: {mark:?}");
+        assert_eq!(mark.epoch, "epoch-candidate-1", "the first candidate stays");
+        assert_eq!(mark.counter, 2);
+    }
+    // Concurrent advances: each gets a counter of its own, per place.
+    let mut counters = std::collections::HashMap::<String, Vec<u64>>::new();
+    let calls = (0..16).map(|i| async move { store.advance_epoch(&format!("c-{i}")).await });
+    for marks in futures_util::future::join_all(calls).await {
+        for mark in marks.unwrap() {
+            assert_eq!(mark.epoch, "epoch-candidate-1");
+            counters.entry(mark.place).or_default().push(mark.counter);
+        }
+    }
+    for (place, mut seen) in counters {
+        seen.sort_unstable();
+        assert_eq!(seen, (3..19).collect::<Vec<_>>(), "at {place}");
+    }
+    // No purge deletes it, however late.
+    let far = t0() + Duration::from_secs(100 * 365 * 86_400);
+    store.purge_expired(far, 1000).await.unwrap();
+    for mark in store.advance_epoch("epoch-candidate-3").await.unwrap() {
+        assert_eq!(
+            (mark.epoch.as_str(), mark.counter, mark.created),
+            ("epoch-candidate-1", 19, false)
+        );
+    }
 }

@@ -13,7 +13,7 @@ use idem_core::{Scope, Store};
 
 /// A scope no other run or check uses (stores may outlive a test run).
 fn fresh_scope(tag: &str) -> Scope {
-    Scope::from_tenant(crate::unique_name(&format!("consumer_{tag}")).as_bytes())
+    Scope::from_tenant(crate::backend::unique_name(&format!("consumer_{tag}")).as_bytes())
 }
 
 fn transfer(id: &str, amount: u64) -> Message {

@@ -24,6 +24,8 @@ pub enum StoreOp {
     Complete,
     /// [`Store::release`].
     Release,
+    /// [`Store::extend_lease`].
+    ExtendLease,
     /// [`Store::get`].
     Get,
     /// [`Store::purge_expired`].
@@ -32,18 +34,22 @@ pub enum StoreOp {
     ListStale,
     /// [`Store::find_by_key`].
     FindByKey,
+    /// [`Store::advance_epoch`].
+    AdvanceEpoch,
 }
 
 impl StoreOp {
     /// Every operation.
-    pub const ALL: [StoreOp; 7] = [
+    pub const ALL: [StoreOp; 9] = [
         StoreOp::Claim,
         StoreOp::Complete,
         StoreOp::Release,
+        StoreOp::ExtendLease,
         StoreOp::Get,
         StoreOp::PurgeExpired,
         StoreOp::ListStale,
         StoreOp::FindByKey,
+        StoreOp::AdvanceEpoch,
     ];
 
     fn index(self) -> usize {
@@ -76,6 +82,50 @@ pub enum Fault {
     DelayAnswer(Duration),
     /// The call never answers, nor reaches the inner store.
     Stall,
+    /// The call waits at the door until the test opens it, then goes
+    /// through.
+    Hold(Arc<Door>),
+    /// The call goes through, and its answer waits at the door until the
+    /// test opens it.
+    HoldAnswer(Arc<Door>),
+}
+
+/// Where [`Fault::Hold`] and [`Fault::HoldAnswer`] keep calls until the
+/// test opens it: a test that must act while a call is in flight (after
+/// it passed the caller's checks, before it reaches the store) waits for
+/// [`Door::arrived`], acts, and opens the door. No timing involved.
+#[derive(Debug)]
+pub struct Door {
+    arrived: tokio::sync::Notify,
+    open: tokio::sync::watch::Sender<bool>,
+}
+
+impl Door {
+    /// A closed door.
+    pub fn new() -> Arc<Door> {
+        Arc::new(Door {
+            arrived: tokio::sync::Notify::new(),
+            open: tokio::sync::watch::channel(false).0,
+        })
+    }
+
+    /// Waits until a call is waiting at the door (one wake-up per call;
+    /// a call that arrived before this wait is not missed).
+    pub async fn arrived(&self) {
+        self.arrived.notified().await;
+    }
+
+    /// Lets every held call through, now and from now on.
+    pub fn open(&self) {
+        self.open.send_replace(true);
+    }
+
+    async fn wait(&self) {
+        let mut open = self.open.subscribe();
+        self.arrived.notify_one();
+        // The sender lives in `self`: the channel never closes here.
+        let _ = open.wait_for(|open| *open).await;
+    }
 }
 
 type Hook = Box<dyn Fn(Call) -> Fault + Send + Sync>;
@@ -87,6 +137,7 @@ pub struct FaultyStore {
     hook: Hook,
     down: AtomicBool,
     calls: [AtomicU64; StoreOp::ALL.len()],
+    answered: [AtomicU64; StoreOp::ALL.len()],
 }
 
 impl std::fmt::Debug for FaultyStore {
@@ -116,6 +167,7 @@ impl FaultyStore {
             hook: Box::new(hook),
             down: AtomicBool::new(false),
             calls: Default::default(),
+            answered: Default::default(),
         }
     }
 
@@ -142,6 +194,11 @@ impl FaultyStore {
         self.calls[op.index()].load(Ordering::SeqCst)
     }
 
+    /// How many calls of `op` were answered (with a result or an error).
+    pub fn answered(&self, op: StoreOp) -> u64 {
+        self.answered[op.index()].load(Ordering::SeqCst)
+    }
+
     /// The store behind.
     pub fn inner(&self) -> &Arc<dyn Store> {
         &self.inner
@@ -156,31 +213,52 @@ impl FaultyStore {
     ) -> BoxFuture<'a, Result<T, StoreError>> {
         Box::pin(async move {
             let nth = self.calls[op.index()].fetch_add(1, Ordering::SeqCst);
-            if self.down.load(Ordering::SeqCst) {
-                return Err(StoreError::new(
-                    StoreErrorKind::Unavailable,
-                    "test store is down",
-                ));
-            }
-            match (self.hook)(Call { op, nth }) {
-                Fault::Pass => forward().await,
-                Fault::Fail(e) => Err(e),
-                Fault::LoseAnswer(e) => {
-                    let _lost = forward().await;
-                    Err(e)
-                }
-                Fault::Delay(d) => {
-                    tokio::time::sleep(d).await;
-                    forward().await
-                }
-                Fault::DelayAnswer(d) => {
-                    let answer = forward().await;
-                    tokio::time::sleep(d).await;
-                    answer
-                }
-                Fault::Stall => std::future::pending().await,
-            }
+            let answer = self.decide(op, nth, forward).await;
+            self.answered[op.index()].fetch_add(1, Ordering::SeqCst);
+            answer
         })
+    }
+
+    /// What the call does: fails (down), or what the hook says.
+    async fn decide<'a, T: Send + 'a>(
+        &'a self,
+        op: StoreOp,
+        nth: u64,
+        forward: impl FnOnce() -> BoxFuture<'a, Result<T, StoreError>> + Send + 'a,
+    ) -> Result<T, StoreError> {
+        if self.down.load(Ordering::SeqCst) {
+            return Err(StoreError::new(
+                StoreErrorKind::Unavailable,
+                "test store is down",
+            ));
+        }
+        match (self.hook)(Call { op, nth }) {
+            Fault::Pass => forward().await,
+            Fault::Fail(e) => Err(e),
+            Fault::LoseAnswer(e) => {
+                let _lost = forward().await;
+                Err(e)
+            }
+            Fault::Delay(d) => {
+                tokio::time::sleep(d).await;
+                forward().await
+            }
+            Fault::DelayAnswer(d) => {
+                let answer = forward().await;
+                tokio::time::sleep(d).await;
+                answer
+            }
+            Fault::Stall => std::future::pending().await,
+            Fault::Hold(door) => {
+                door.wait().await;
+                forward().await
+            }
+            Fault::HoldAnswer(door) => {
+                let answer = forward().await;
+                door.wait().await;
+                answer
+            }
+        }
     }
 }
 
@@ -206,6 +284,17 @@ impl Store for FaultyStore {
         now: Timestamp,
     ) -> BoxFuture<'a, Result<Settled, StoreError>> {
         self.intercept(StoreOp::Release, move || self.inner.release(id, fence, now))
+    }
+    fn extend_lease<'a>(
+        &'a self,
+        id: &'a RecordId,
+        fence: Fence,
+        lease_until: Timestamp,
+        now: Timestamp,
+    ) -> BoxFuture<'a, Result<Settled, StoreError>> {
+        self.intercept(StoreOp::ExtendLease, move || {
+            self.inner.extend_lease(id, fence, lease_until, now)
+        })
     }
     fn get<'a>(
         &'a self,
@@ -242,6 +331,17 @@ impl Store for FaultyStore {
     ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>> {
         self.intercept(StoreOp::FindByKey, move || {
             self.inner.find_by_key(scope, key, now, limit)
+        })
+    }
+    fn durability(&self) -> BoxFuture<'_, Result<idem_core::Durability, StoreError>> {
+        self.inner.durability()
+    }
+    fn advance_epoch<'a>(
+        &'a self,
+        candidate: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<idem_core::EpochMark>, StoreError>> {
+        self.intercept(StoreOp::AdvanceEpoch, move || {
+            self.inner.advance_epoch(candidate)
         })
     }
 }

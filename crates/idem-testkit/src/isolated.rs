@@ -23,7 +23,8 @@ use std::future::Future;
 
 use idem_core::Store;
 
-use crate::{CleanupOnDrop, Guarded, backend_url, unique_name};
+use crate::backend::{backend_url, unique_name};
+use crate::guard::{CleanupOnDrop, Guarded};
 
 /// A test server of one store crate, and how to open a store on it that
 /// no other test sees.

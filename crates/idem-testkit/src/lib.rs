@@ -23,10 +23,10 @@
 //! function, for stores that want to call them one by one.
 //!
 //! The suite checks every transition of docs/contract.md, *Records and their state machine*, fencing,
-//! takeover, expiry, bounded purge, the stale listing, the look-up by
-//! (scope, key), a 64-task race on one key, and a
-//! property test that runs random operation sequences against a simple
-//! model of the contract and compares every answer.
+//! takeover, the lease extension (heartbeat), expiry, bounded purge, the
+//! stale listing, the look-up by (scope, key), a 64-task race on one key,
+//! and a property test that runs random operation sequences against a
+//! simple model of the contract and compares every answer.
 //!
 //! # The atomic-mode suite
 //!
@@ -51,91 +51,61 @@
 //! - [`print_pair_rates`]: the store benchmarks' main loop;
 //! - [`private_redis`]: a `redis-server` of a test's own, to stop and
 //!   restart.
+//!
+//! # The store fault harness (issue 36)
+//!
+//! What a store's tests use to break it from outside (README.md has the
+//! details): [`fault_proxy`], a TCP proxy between a store and its server
+//! that delays, freezes, holds or drops answers, black-holes or resets
+//! connections; private servers that crash and restart
+//! ([`private_postgres`], [`private_mariadb`], [`restartable_redis`], on
+//! [`private_server`]); [`tmpfs`], a filesystem that fills up or turns
+//! read-only; [`fault_caller`], a caller that uses the `Store` trait as
+//! idem-http does; and the generated tests ([`store_faults`],
+//! [`store_crashes`]) whose every run checks that no key executes twice,
+//! no acknowledged completion is lost and no call outlives its deadline.
 
 #![allow(clippy::unwrap_used)] // test support: a panic is how a check fails
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use idem_core::{
-    ClaimRequest, FieldSelection, Fingerprint, Key, Operation, RecordId, Scope, Store,
-    StoredResponse, Timestamp,
-};
+use idem_core::{Store, Timestamp};
 
 pub mod atomic;
+mod backend;
 mod checks;
 pub mod consumer;
 pub mod crash;
+pub mod epoch;
+pub mod fault_caller;
+pub mod fault_proxy;
 pub mod faulty;
+mod fixtures;
+mod guard;
 pub mod isolated;
+mod lease;
 mod model;
+pub mod private_mariadb;
+pub mod private_postgres;
 pub mod private_redis;
+pub mod private_server;
 pub mod redis_cluster;
+pub mod restartable_redis;
 pub mod store_bench;
+pub mod store_crashes;
+pub mod store_faults;
 pub mod tls;
+pub mod tmpfs;
 
+pub use backend::{backend_url, unique_name};
 pub use checks::*;
-pub use faulty::{Call, Fault, FaultyStore, StoreOp};
+pub use faulty::{Call, Door, Fault, FaultyStore, StoreOp};
+pub use fixtures::{LEASE, TTL, fingerprint, request, response, t0, unique_id};
+pub use guard::{CleanupOnDrop, Guarded};
 pub use isolated::IsolatedBackend;
+pub use lease::*;
 pub use model::{model_check, model_check_with};
-
-/// The lease the suite claims with.
-pub const LEASE: Duration = Duration::from_secs(30);
-/// The ttl the suite claims with.
-pub const TTL: Duration = Duration::from_secs(3600);
-
-/// A fixed starting time, so that tests read the same on every run.
-pub fn t0() -> Timestamp {
-    Timestamp::from_millis(1_800_000_000_000)
-}
-
-/// A record id in a scope no other test uses.
-pub fn unique_id(key: &str) -> RecordId {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let scope = Scope::from_raw(format!(
-        "testkit-{}-{}-{n}",
-        std::process::id(),
-        Timestamp::now().as_millis()
-    ));
-    let key = Key::new(key).unwrap_or_else(|e| panic!("test key {key:?}: {e}"));
-    RecordId::new(scope, Operation::new("POST", "/testkit"), key)
-}
-
-/// The fingerprint of a body under the suite's operation.
-pub fn fingerprint(body: &str) -> Fingerprint {
-    Fingerprint::compute(
-        &Operation::new("POST", "/testkit"),
-        Some("application/json"),
-        body.as_bytes(),
-        &FieldSelection::Whole,
-    )
-}
-
-/// A claim request at `now` with the suite's lease and ttl.
-pub fn request(id: &RecordId, body: &str, now: Timestamp) -> ClaimRequest {
-    ClaimRequest {
-        id: id.clone(),
-        fingerprint: fingerprint(body),
-        now,
-        lease: LEASE,
-        ttl: TTL,
-    }
-}
-
-/// A response with a header value that is not UTF-8 and a binary body, so
-/// that stores prove they keep bytes as bytes.
-pub fn response(status: u16, tag: &str) -> StoredResponse {
-    StoredResponse {
-        status,
-        headers: vec![
-            ("content-type".into(), b"application/json".to_vec()),
-            ("x-tag".into(), tag.as_bytes().to_vec()),
-            ("x-raw".into(), vec![0xff, 0x00, 0x7f]),
-        ],
-        body: [tag.as_bytes(), &[0u8, 0xfe]].concat(),
-    }
-}
 
 /// Generates one `#[test]` per conformance check for the store that `$make`
 /// (an `async` block) builds, each on a [`runtime`] of its own.
@@ -159,6 +129,14 @@ macro_rules! conformance_tests {
             purge_deletes_only_expired_in_bounded_batches,
             stale_records_are_listed_in_pages,
             records_are_found_by_scope_and_key,
+            extend_lease_holds_off_a_takeover,
+            extend_lease_never_moves_a_lease_back,
+            extend_lease_with_a_stale_fence_changes_nothing,
+            extend_lease_on_a_finished_record_changes_nothing,
+            extend_lease_on_no_record_changes_nothing,
+            extend_lease_on_an_expired_record_under_its_fence_applies,
+            extend_lease_keeps_the_record_alive_past_its_ttl,
+            epoch_is_written_once_and_advances,
         );
 
         #[test]
@@ -218,20 +196,6 @@ macro_rules! conformance_tests {
     };
 }
 
-/// A name no other test, run or process uses (for schemas, streams,
-/// queues and scopes on servers that outlive a test run).
-pub fn unique_name(tag: &str) -> String {
-    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    format!(
-        "idem_test_{tag}_{}_{}_{nanos}",
-        std::process::id(),
-        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    )
-}
-
 /// A multi-threaded runtime for the suite's tests.
 pub fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -239,91 +203,6 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .unwrap_or_else(|e| panic!("tokio runtime: {e}"))
-}
-
-/// A store together with whatever must live as long as it (a temporary
-/// directory, a schema to drop). Dropped after the store.
-pub struct Guarded<S> {
-    store: S,
-    _guard: Box<dyn Send + Sync>,
-}
-
-impl<S> std::fmt::Debug for Guarded<S> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Guarded")
-    }
-}
-
-impl<S: Store> Guarded<S> {
-    /// Keeps `guard` alive for as long as `store`.
-    pub fn new(store: S, guard: impl Send + Sync + 'static) -> Guarded<S> {
-        Guarded {
-            store,
-            _guard: Box::new(guard),
-        }
-    }
-
-    /// The store.
-    pub fn store(&self) -> &S {
-        &self.store
-    }
-}
-
-impl<S: Store> Store for Guarded<S> {
-    fn claim<'a>(
-        &'a self,
-        req: &'a ClaimRequest,
-    ) -> idem_core::BoxFuture<'a, Result<idem_core::Claim, idem_core::StoreError>> {
-        self.store.claim(req)
-    }
-    fn complete<'a>(
-        &'a self,
-        id: &'a RecordId,
-        fence: idem_core::Fence,
-        completion: idem_core::Completion,
-        now: Timestamp,
-    ) -> idem_core::BoxFuture<'a, Result<idem_core::Settled, idem_core::StoreError>> {
-        self.store.complete(id, fence, completion, now)
-    }
-    fn release<'a>(
-        &'a self,
-        id: &'a RecordId,
-        fence: idem_core::Fence,
-        now: Timestamp,
-    ) -> idem_core::BoxFuture<'a, Result<idem_core::Settled, idem_core::StoreError>> {
-        self.store.release(id, fence, now)
-    }
-    fn get<'a>(
-        &'a self,
-        id: &'a RecordId,
-        now: Timestamp,
-    ) -> idem_core::BoxFuture<'a, Result<Option<idem_core::Record>, idem_core::StoreError>> {
-        self.store.get(id, now)
-    }
-    fn purge_expired(
-        &self,
-        now: Timestamp,
-        limit: usize,
-    ) -> idem_core::BoxFuture<'_, Result<usize, idem_core::StoreError>> {
-        self.store.purge_expired(now, limit)
-    }
-    fn list_stale<'a>(
-        &'a self,
-        now: Timestamp,
-        after: Option<&'a idem_core::StaleCursor>,
-        limit: usize,
-    ) -> idem_core::BoxFuture<'a, Result<Vec<idem_core::Record>, idem_core::StoreError>> {
-        self.store.list_stale(now, after, limit)
-    }
-    fn find_by_key<'a>(
-        &'a self,
-        scope: &'a Scope,
-        key: &'a Key,
-        now: Timestamp,
-        limit: usize,
-    ) -> idem_core::BoxFuture<'a, Result<Vec<idem_core::Record>, idem_core::StoreError>> {
-        self.store.find_by_key(scope, key, now, limit)
-    }
 }
 
 /// Sustained claim+complete pairs per second on `store` from `tasks`
@@ -376,71 +255,6 @@ pub async fn pairs_per_second<S: Store>(
         let _ = h.await;
     }
     pairs as f64 / elapsed.as_secs_f64()
-}
-
-/// The URL of a test backend from the environment variable `var`.
-///
-/// Absent or empty: `None`, after printing why the tests skip, so that
-/// `cargo test` passes on a machine with only Rust. Under CI (`CI` set)
-/// an absent URL panics instead: CI may not skip.
-pub fn backend_url(var: &str, what: &str) -> Option<String> {
-    match std::env::var(var) {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ if std::env::var_os("CI").is_some() => {
-            panic!("{var} must be set under CI: the {what} tests may not skip there")
-        }
-        _ => {
-            eprintln!("skipped: {var} is not set (no {what} to test against)");
-            None
-        }
-    }
-}
-
-type CleanupFn = Box<dyn FnOnce() -> idem_core::BoxFuture<'static, ()> + Send>;
-
-/// Runs an async clean-up (drop a schema, delete a key prefix) when
-/// dropped, on a runtime of its own: the test's runtime may be gone by then.
-/// Errors in the clean-up are ignored; it is best effort.
-pub struct CleanupOnDrop(std::sync::Mutex<Option<CleanupFn>>);
-
-impl std::fmt::Debug for CleanupOnDrop {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("CleanupOnDrop")
-    }
-}
-
-impl CleanupOnDrop {
-    /// Will run `cleanup()` to completion on drop.
-    pub fn new<F, Fut>(cleanup: F) -> CleanupOnDrop
-    where
-        F: FnOnce() -> Fut + Send + 'static,
-        Fut: std::future::Future<Output = ()> + Send + 'static,
-    {
-        CleanupOnDrop(std::sync::Mutex::new(Some(Box::new(move || {
-            Box::pin(cleanup()) as idem_core::BoxFuture<'static, ()>
-        }))))
-    }
-}
-
-impl Drop for CleanupOnDrop {
-    fn drop(&mut self) {
-        let taken = self
-            .0
-            .get_mut()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take();
-        if let Some(cleanup) = taken {
-            let _ = std::thread::spawn(move || {
-                if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    rt.block_on(cleanup());
-                }
-            })
-            .join();
-        }
-    }
 }
 
 /// The store benchmarks' main loop: pairs per second at 1, 16 and 256

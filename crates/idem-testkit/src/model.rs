@@ -11,7 +11,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
-use super::{response, t0, unique_id};
+use crate::fixtures::{response, t0, unique_id};
 use idem_core::{
     Claim, ClaimRequest, Completion, Fence, Fingerprint, RecordId, Settled, Status, Store,
     StoredResponse, Timestamp,
@@ -36,6 +36,12 @@ enum Op {
         key: usize,
         fence_pick: usize,
     },
+    /// A heartbeat that asks for the lease to end `ms` after now.
+    ExtendLease {
+        key: usize,
+        fence_pick: usize,
+        ms: u64,
+    },
     Get {
         key: usize,
     },
@@ -51,6 +57,8 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (0..KEYS, 0..3usize, any::<bool>())
             .prop_map(|(key, fence_pick, failed)| Op::Complete { key, fence_pick, failed }),
         2 => (0..KEYS, 0..3usize).prop_map(|(key, fence_pick)| Op::Release { key, fence_pick }),
+        2 => (0..KEYS, 0..3usize, prop_oneof![Just(0u64), 1..LEASE_MS * 2, Just(LEASE_MS)])
+            .prop_map(|(key, fence_pick, ms)| Op::ExtendLease { key, fence_pick, ms }),
         2 => (0..KEYS).prop_map(|key| Op::Get { key }),
         3 => prop_oneof![Just(0u64), 1..LEASE_MS + 200, Just(LEASE_MS), Just(TTL_MS)]
             .prop_map(|ms| Op::Advance { ms }),
@@ -76,7 +84,7 @@ struct Model {
 }
 
 fn fp(body: u8) -> Fingerprint {
-    super::fingerprint(&format!("{{\"v\":{body}}}"))
+    crate::fixtures::fingerprint(&format!("{{\"v\":{body}}}"))
 }
 
 /// Runs the property test with 64 cases of up to 40 operations.
@@ -242,6 +250,39 @@ async fn run_case<S: Store>(store: &S, ops: &[Op]) -> Result<(), TestCaseError> 
                     model.records.remove(&key);
                 }
             }
+            Op::ExtendLease {
+                key,
+                fence_pick,
+                ms,
+            } => {
+                let fence = pick_fence(&model, key, fence_pick);
+                let until = now + Duration::from_millis(ms);
+                let got = store
+                    .extend_lease(&ids[key], fence, until, now)
+                    .await
+                    .map_err(|e| fail(step, op, e))?;
+                // Expired or not: only another claim ends a fence's hold.
+                let rec = model
+                    .records
+                    .get_mut(&key)
+                    .filter(|r| r.status == Status::InProgress && r.fence == fence);
+                prop_assert_eq!(
+                    got,
+                    if rec.is_some() {
+                        Settled::Applied
+                    } else {
+                        Settled::StaleFence
+                    },
+                    "step {} {:?}",
+                    step,
+                    op
+                );
+                // The record then lives at least as long as its lease.
+                if let Some(r) = rec {
+                    r.lease_until = r.lease_until.max(until);
+                    r.expires_at = r.expires_at.max(until);
+                }
+            }
             Op::Get { key } => {
                 let got = store
                     .get(&ids[key], now)
@@ -256,6 +297,8 @@ async fn run_case<S: Store>(store: &S, ops: &[Op]) -> Result<(), TestCaseError> 
                         prop_assert_eq!(g.fingerprint, w.fingerprint);
                         prop_assert_eq!(&g.response, &w.response);
                         prop_assert_eq!(g.expires_at, w.expires_at);
+                        let lease = (w.status == Status::InProgress).then_some(w.lease_until);
+                        prop_assert_eq!(g.lease_until, lease, "lease at step {}", step);
                     }
                     (w, g) => {
                         return Err(TestCaseError::fail(format!(

@@ -58,6 +58,7 @@ struct Effective {
     require_scope: bool,
     anonymous_reads: bool,
     trust_forwarded: bool,
+    accept_volatile_store: bool,
     min_key_len: usize,
     ttl: String,
     lease: String,
@@ -100,7 +101,7 @@ impl From<&GatewayConfig> for Effective {
     fn from(cfg: &GatewayConfig) -> Effective {
         let policy = &cfg.default_policy;
         Effective {
-            upstream: crate::stores::redact_uri(&cfg.upstream),
+            upstream: idem_stores::redact(&cfg.upstream.to_string()),
             upstream_ca: cfg.upstream_ca.as_deref().map(shown),
             listen: cfg.listen.clone(),
             tls_cert: cfg.tls.as_ref().map(|t| shown(&t.cert_path)),
@@ -115,6 +116,7 @@ impl From<&GatewayConfig> for Effective {
             require_scope: cfg.require_scope,
             anonymous_reads: cfg.anonymous_reads,
             trust_forwarded: cfg.trust_forwarded,
+            accept_volatile_store: cfg.accept_volatile_store,
             min_key_len: cfg.key_policy.minimum_len(),
             ttl: duration(policy.ttl()),
             lease: duration(policy.lease()),

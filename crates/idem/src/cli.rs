@@ -49,6 +49,121 @@ pub(crate) enum Command {
     /// Inspect or purge idempotency records.
     #[command(subcommand)]
     Records(RecordsCommand),
+    /// Check any HTTP API's Idempotency-Key behaviour from the outside.
+    ///
+    /// Sends at most --max-requests requests with fresh random keys to one
+    /// mutating endpoint and reports each check: pass, fail, n/a or could
+    /// not tell, with the requests sent and the answers (credentials
+    /// redacted). Exit 0 when every required check passes, 1 otherwise, 2
+    /// on a usage error. It performs real mutations: point it at staging.
+    #[command(after_long_help = PROBE_HELP)]
+    Probe(Box<ProbeArgs>),
+}
+
+const PROBE_HELP: &str = "\
+How executions are told apart:
+  --id-pointer /id            a resource id in each successful answer
+  Location                    used when no --id-pointer is given
+  --effect-url URL --effect-pointer /count
+                              a count read with GET before and after
+  Without any of them, checks that must tell a replay from a second
+  execution say 'could not tell' (a required check that cannot tell fails
+  the run).
+
+Failures: --failing-body makes the operation answer a deterministic 4xx,
+--transient-body a 5xx or 429; without them those checks are n/a.
+
+Checks (skip any with --skip NAME): key-required, retry-replays-response,
+replay-marked*, key-bound-to-body, key-bound-to-path, key-bound-to-query,
+key-scoped-to-credential, big-number-precision,
+reformatted-json-not-executed-twice, concurrent-duplicates-execute-once,
+in-flight-duplicate-conflicts*, deterministic-failure-replayed,
+transient-failure-not-stored, expiry-advertised*, problem-details*
+(* advisory: reported, never fails the run).";
+
+/// `idem probe`'s flags, raw: validated by `probe::Settings::from_args`.
+#[derive(Debug, Args)]
+pub(crate) struct ProbeArgs {
+    /// The mutation's URL (http://).
+    #[arg(long)]
+    pub(crate) url: String,
+    /// The method.
+    #[arg(long, default_value = "POST")]
+    pub(crate) method: String,
+    /// A body the operation accepts: JSON, or @FILE.
+    #[arg(long)]
+    pub(crate) body: String,
+    /// A header sent on every request, 'Name: value' (repeatable).
+    #[arg(long = "header", value_name = "'NAME: VALUE'")]
+    pub(crate) headers: Vec<String>,
+    /// The caller's credential, 'Header: value' (redacted in every output;
+    /// the environment keeps it out of the process list).
+    #[arg(
+        long,
+        value_name = "'NAME: VALUE'",
+        env = "IDEM_PROBE_CREDENTIAL",
+        hide_env_values = true
+    )]
+    pub(crate) credential: Option<String>,
+    /// Another tenant's credential, for key-scoped-to-credential.
+    #[arg(
+        long,
+        value_name = "'NAME: VALUE'",
+        env = "IDEM_PROBE_SECOND_CREDENTIAL",
+        hide_env_values = true
+    )]
+    pub(crate) second_credential: Option<String>,
+    /// The key header's name.
+    #[arg(long, default_value = "Idempotency-Key")]
+    pub(crate) key_header: String,
+    /// Another URL that accepts the same body, for key-bound-to-path
+    /// [default: the URL with /idem-probe-other appended].
+    #[arg(long)]
+    pub(crate) other_url: Option<String>,
+    /// JSON pointer to a resource id in successful answers.
+    #[arg(long)]
+    pub(crate) id_pointer: Option<String>,
+    /// A URL (GET) whose answer holds a count of executions.
+    #[arg(long)]
+    pub(crate) effect_url: Option<String>,
+    /// JSON pointer to the count in --effect-url's answer (empty: the whole body).
+    #[arg(long, default_value = "")]
+    pub(crate) effect_pointer: String,
+    /// A body the operation refuses with a deterministic 4xx: JSON, or @FILE.
+    #[arg(long)]
+    pub(crate) failing_body: Option<String>,
+    /// A body the operation fails with a transient 5xx or 429: JSON, or @FILE.
+    #[arg(long)]
+    pub(crate) transient_body: Option<String>,
+    /// Requests to the target at most.
+    #[arg(long, default_value_t = 40)]
+    pub(crate) max_requests: u32,
+    /// Concurrent requests at most (and the N of the concurrency check).
+    #[arg(long, default_value_t = 4)]
+    pub(crate) concurrency: u32,
+    /// Pause between checks.
+    #[arg(long, default_value = "100ms")]
+    pub(crate) pause: String,
+    /// Timeout of each request.
+    #[arg(long, default_value = "10s")]
+    pub(crate) timeout: String,
+    /// A check not to run (repeatable).
+    #[arg(long = "skip", value_name = "NAME")]
+    pub(crate) skip: Vec<String>,
+    /// Report format.
+    #[arg(long, value_enum, default_value_t = ProbeFormat::Text)]
+    pub(crate) format: ProbeFormat,
+}
+
+/// `idem probe --format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum ProbeFormat {
+    /// One line per check, colour on a terminal.
+    Text,
+    /// The complete report.
+    Json,
+    /// JUnit XML, for CI.
+    Junit,
 }
 
 const SERVE_HELP: &str = "\
@@ -88,11 +203,18 @@ Idempotency-Key policy:
   Expiry:          every keyed response carries Idempotency-Key-Expires; after
                    it the key is forgotten and a retry would be forwarded again.
   Store down:      503 with Retry-After; nothing is forwarded without a claim.
+  Crash window:    if the gateway dies after forwarding and before storing
+                   the answer, a retry after the lease is not forwarded
+                   again by default (--takeover hold): it gets 500
+                   outcome-unresolved until an operator runs idem records
+                   release (or the key expires). --takeover announce forwards
+                   it with Idem-Takeover: <key>; reexecute forwards it as new.
+  Store stalls:    an answer whose record the store did not take is held in
+                   memory and its completion retried until stored; retries
+                   here replay it. Running requests renew their lease.
   Exactly once:    the gateway forwards the key header unchanged (a client
                    cannot strip it with Connection) so the upstream can
-                   deduplicate too. If the upstream commits and the gateway
-                   dies before storing the answer, a retry after the lease is
-                   forwarded again: only the library's atomic mode, inside
+                   deduplicate too; only the library's atomic mode, inside
                    the service, makes effects exactly once.
 
 Read your own record: GET /_idem/records/KEY with the same credential (or
@@ -161,6 +283,13 @@ pub(crate) struct ServeArgs {
     /// replays it, instead of getting 409 at once.
     #[arg(long, env = "IDEM_WAIT")]
     pub(crate) wait: Option<String>,
+    /// What a retry does once an earlier attempt's lease ended with no
+    /// outcome stored (a gateway died after forwarding): `hold` (answer
+    /// `outcome-unresolved` until an operator resolves the key with `idem
+    /// records release`), `announce` (forward again with `Idem-Takeover:
+    /// <key>`), or `reexecute` [default: hold].
+    #[arg(long, env = "IDEM_TAKEOVER")]
+    pub(crate) takeover: Option<String>,
     /// Largest request body, e.g. 1MiB [default: 1MiB].
     #[arg(long, env = "IDEM_MAX_BODY")]
     pub(crate) max_body: Option<String>,
@@ -195,6 +324,13 @@ pub(crate) struct ServeArgs {
     /// default they are replaced by the gateway's own.
     #[arg(long, env = "IDEM_TRUST_FORWARDED")]
     pub(crate) trust_forwarded: bool,
+    /// Start even when the store's own settings lose records (Redis
+    /// without appendonly, PostgreSQL with fsync off, ...): a store that
+    /// forgets a completed intent lets its next retry execute again. By
+    /// default `idem serve` refuses such a store (exit 2). The memory store
+    /// is never refused.
+    #[arg(long, env = "IDEM_ACCEPT_VOLATILE_STORE")]
+    pub(crate) accept_volatile_store: bool,
     /// Largest upstream response stored for replay [default: 8MiB]. Larger
     /// answers still reach the client; a retry is told to read the record.
     #[arg(long, env = "IDEM_MAX_RESPONSE")]
@@ -293,6 +429,11 @@ pub(crate) struct DemoArgs {
     /// With --consumer: where to stop and wait to be killed.
     #[arg(long, hide = true, requires = "consumer")]
     pub(crate) consumer_pause: Option<String>,
+    /// Also freeze the layer's record store for 1.5 s (at a quarter of the
+    /// intents) and close and reopen it (at 60%), with the store's epoch
+    /// watched: the invariants must still hold and no loss be noticed.
+    #[arg(long, conflicts_with = "broker")]
+    pub(crate) store_faults: bool,
 }
 
 /// A share, from 0 to 1 (the demo's fault rates). Refused here, with the
@@ -324,43 +465,64 @@ pub(crate) struct StoreArgs {
     pub(crate) store_ca: Option<PathBuf>,
 }
 
+/// Which record `idem records get` or `release` means: the key, the
+/// caller's scope, and (optionally) the operation.
+#[derive(Debug, Args)]
+pub(crate) struct RecordTarget {
+    /// The key, as the client sent it in its key header (bare, or as a
+    /// quoted sf-string: both name the same key).
+    pub(crate) key: String,
+    #[command(flatten)]
+    pub(crate) store: StoreArgs,
+    /// The tenant (as --tenant-header would give it). Give it twice,
+    /// tenant then principal, for a gateway that has both
+    /// --tenant-header and --scope-header.
+    #[arg(long, conflicts_with = "credential_stdin")]
+    pub(crate) tenant: Vec<String>,
+    /// Read the full Authorization value the client used from standard
+    /// input (one line). Or set it in IDEM_CREDENTIAL. Never on the
+    /// command line, where other users and shell history see it.
+    #[arg(long)]
+    pub(crate) credential_stdin: bool,
+    /// Refused: a credential in the arguments is visible to other users
+    /// and kept in shell history. Use IDEM_CREDENTIAL or
+    /// --credential-stdin.
+    #[arg(long, hide = true, num_args = 0..=1, value_name = "REFUSED")]
+    pub(crate) credential: Option<Option<String>>,
+    /// The operation's method (upper-cased: `post` is POST).
+    #[arg(long, default_value = "POST")]
+    pub(crate) method: String,
+    /// The operation's path (or route pattern). Without it or --config,
+    /// the newest record with this key in the scope is shown.
+    #[arg(long)]
+    pub(crate) path: Option<String>,
+    /// The gateway's TOML config, whose routes name the operations.
+    #[arg(long, env = "IDEM_CONFIG")]
+    pub(crate) config: Option<PathBuf>,
+}
+
 #[derive(Debug, Subcommand)]
 pub(crate) enum RecordsCommand {
     /// Show a record.
-    Get {
-        /// The key, as the client sent it in its key header (bare, or as a
-        /// quoted sf-string: both name the same key).
-        key: String,
+    Get(RecordTarget),
+    /// Release a record whose outcome is unresolved (in progress, its lease
+    /// over: a gateway died after forwarding, and the route holds such keys
+    /// for an operator): once you know the operation did not take effect,
+    /// this lets the next request with the key execute it. Refused once the
+    /// record is finished, and while its lease is live unless --force.
+    Release {
         #[command(flatten)]
-        store: StoreArgs,
-        /// The tenant (as --tenant-header would give it). Give it twice,
-        /// tenant then principal, for a gateway that has both
-        /// --tenant-header and --scope-header.
-        #[arg(long, conflicts_with = "credential_stdin")]
-        tenant: Vec<String>,
-        /// Read the full Authorization value the client used from standard
-        /// input (one line). Or set it in IDEM_CREDENTIAL. Never on the
-        /// command line, where other users and shell history see it.
+        target: RecordTarget,
+        /// Release even while the lease is live. A held key that its
+        /// client keeps retrying gets a new lease with each retry (each is
+        /// a takeover that runs nothing), so its lease may never be seen
+        /// over; make sure no execution of it is running.
         #[arg(long)]
-        credential_stdin: bool,
-        /// Refused: a credential in the arguments is visible to other users
-        /// and kept in shell history. Use IDEM_CREDENTIAL or
-        /// --credential-stdin.
-        #[arg(long, hide = true, num_args = 0..=1, value_name = "REFUSED")]
-        credential: Option<Option<String>>,
-        /// The operation's method (upper-cased: `post` is POST).
-        #[arg(long, default_value = "POST")]
-        method: String,
-        /// The operation's path (or route pattern). Without it or --config,
-        /// the newest record with this key in the scope is shown.
-        #[arg(long)]
-        path: Option<String>,
-        /// The gateway's TOML config, whose routes name the operations.
-        #[arg(long, env = "IDEM_CONFIG")]
-        config: Option<PathBuf>,
+        force: bool,
     },
     /// List stale records: in progress with their lease over (an executor
-    /// or gateway died mid-request). A running gateway releases them.
+    /// or gateway died mid-request). A running gateway releases them
+    /// where the route's takeover policy is `reexecute`.
     Stale {
         #[command(flatten)]
         store: StoreArgs,

@@ -18,7 +18,7 @@
 use std::process::ExitCode;
 
 use crate::config::ConfigError;
-use crate::stores::StoreUrlError;
+use idem_stores::StoreUrlError;
 
 /// The exit code of a command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,7 +118,7 @@ mod tests {
             "the marker adds no text"
         );
 
-        let url = "nope".parse::<crate::stores::StoreUrl>().context("--store");
+        let url = "nope".parse::<idem_stores::StoreUrl>().context("--store");
         assert_eq!(Exit::of(&url.unwrap_err()), Exit::Usage);
 
         let missing = anyhow::Error::new(NotFound("no record")).context("records get");

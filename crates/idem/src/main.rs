@@ -14,11 +14,12 @@ mod check_config;
 mod cli;
 mod config;
 mod demo;
+mod durability;
 mod exit;
 mod logging;
+mod probe;
 mod records;
 mod serve;
-mod stores;
 mod tls;
 mod units;
 mod usage;
@@ -105,6 +106,7 @@ fn main() -> ExitCode {
             }
             cli::Command::Demo(args) => demo::run(args).await,
             cli::Command::Records(cmd) => records::run(cmd).await.map(|()| ExitCode::SUCCESS),
+            cli::Command::Probe(args) => probe::run(&args).await,
         }
     });
     // Background tasks (sweeper, upkeep) end with the runtime.

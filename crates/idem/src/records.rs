@@ -1,22 +1,26 @@
-//! `idem records get | stale | purge`.
+//! `idem records get | release | stale | purge`.
 //!
-//! `records get` needs the caller's scope: `--tenant`, or the credential
+//! `records get` and `records release` need the caller's scope: `--tenant`, or the credential
 //! from `IDEM_CREDENTIAL` or `--credential-stdin`. Never from the
 //! arguments, which other users see (`ps`) and shells keep in history:
 //! `--credential VALUE` is refused, not used.
 
 use std::io::BufRead;
+use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, anyhow, bail};
-use idem_core::{Key, Operation, RecordId, Scope, StaleCursor, Timestamp};
+use idem_core::{
+    Key, Operation, Record, RecordId, Scope, Settled, StaleCursor, Status, Store, Timestamp,
+};
 use idem_http::PathPattern;
 
-use crate::cli::{RecordsCommand, StoreArgs};
+use crate::cli::{RecordTarget, RecordsCommand, StoreArgs};
 use crate::config::route_operations;
 use crate::exit::{NotFound, OrUsage};
-use crate::stores::StoreUrl;
 use crate::tls::CaFile;
 use crate::units::duration;
+use idem_stores::StoreUrl;
 
 /// The environment variable holding the credential for `records get`.
 const CREDENTIAL_ENV: &str = "IDEM_CREDENTIAL";
@@ -42,7 +46,7 @@ async fn open(args: &StoreArgs) -> anyhow::Result<std::sync::Arc<dyn idem_core::
         Some(path) => Some(CaFile::read(path).context("--store-ca").or_usage()?),
         None => None,
     };
-    store.open(ca.as_ref()).await
+    Ok(store.open(ca.as_ref().map(CaFile::pem)).await?)
 }
 
 /// Where `records get` takes the caller's scope from.
@@ -119,73 +123,114 @@ fn read_credential(mut input: impl BufRead) -> anyhow::Result<String> {
     Ok(credential.to_owned())
 }
 
+/// The live record `target` names, and the store it was read from: the
+/// newest with the key in the scope, or the first of the operations named
+/// (`--path`, or the routes of `--config`) that has one.
+async fn find(target: RecordTarget) -> anyhow::Result<(Arc<dyn Store>, Record)> {
+    let RecordTarget {
+        key,
+        store,
+        tenant,
+        credential_stdin,
+        credential,
+        method,
+        path,
+        config,
+    } = target;
+    // First: a credential typed on the command line is refused before
+    // anything else is read.
+    let scope = match scope_input(tenant, credential_stdin, credential).or_usage()? {
+        ScopeInput::Tenant(tenant) => {
+            Scope::from_parts(&tenant.iter().map(|t| t.as_bytes()).collect::<Vec<_>>())
+        }
+        ScopeInput::Credential(c) => Scope::from_credential(c.as_bytes()),
+        ScopeInput::Anonymous => Scope::anonymous(),
+    };
+    // As the key header is read: bare or as an sf-string.
+    let key = Key::from_header_value(key.as_bytes())
+        .context("invalid key")
+        .or_usage()?;
+    let operations = match (path, config) {
+        // Upper-cased, as the read path's `?method=` is: an operator's
+        // `post` means the POST a client sent (records name methods as
+        // sent since methods are case-sensitive, and the gateway refuses a
+        // lower-case standard one).
+        (Some(p), _) => vec![(method.to_ascii_uppercase(), p)],
+        (None, Some(c)) => route_operations(&c).or_usage()?,
+        (None, None) => Vec::new(),
+    };
+    let store = open(&store).await?;
+    let now = Timestamp::now();
+    if operations.is_empty() {
+        // The key and the scope are enough: the newest record.
+        let found = store
+            .find_by_key(&scope, &key, now, 1)
+            .await
+            .context("reading the record")?;
+        return match found.into_iter().next() {
+            Some(record) => Ok((store, record)),
+            None => Err(anyhow!(NotFound("no live record for that key and scope"))),
+        };
+    }
+    for (m, p) in operations {
+        let id = RecordId::new(
+            scope.clone(),
+            Operation::new(&m, PathPattern::new(&p).as_str()),
+            key.clone(),
+        );
+        if let Some(record) = store.get(&id, now).await.context("reading the record")? {
+            return Ok((store, record));
+        }
+    }
+    Err(anyhow!(NotFound(
+        "no live record for that key, scope and operation"
+    )))
+}
+
 pub(crate) async fn run(cmd: RecordsCommand) -> anyhow::Result<()> {
     match cmd {
-        RecordsCommand::Get {
-            key,
-            store,
-            tenant,
-            credential_stdin,
-            credential,
-            method,
-            path,
-            config,
-        } => {
-            // First: a credential typed on the command line is refused
-            // before anything else is read.
-            let scope = match scope_input(tenant, credential_stdin, credential).or_usage()? {
-                ScopeInput::Tenant(tenant) => {
-                    Scope::from_parts(&tenant.iter().map(|t| t.as_bytes()).collect::<Vec<_>>())
-                }
-                ScopeInput::Credential(c) => Scope::from_credential(c.as_bytes()),
-                ScopeInput::Anonymous => Scope::anonymous(),
-            };
-            // As the key header is read: bare or as an sf-string.
-            let key = Key::from_header_value(key.as_bytes())
-                .context("invalid key")
-                .or_usage()?;
-            let operations = match (path, config) {
-                // Upper-cased, as the read path's `?method=` is: an
-                // operator's `post` means the POST a client sent (records
-                // name methods as sent since methods are case-sensitive,
-                // and the gateway refuses a lower-case standard one).
-                (Some(p), _) => vec![(method.to_ascii_uppercase(), p)],
-                (None, Some(c)) => route_operations(&c).or_usage()?,
-                (None, None) => Vec::new(),
-            };
-            let store = open(&store).await?;
-            if operations.is_empty() {
-                // The key and the scope are enough: the newest record.
-                let found = store
-                    .find_by_key(&scope, &key, Timestamp::now(), 1)
-                    .await
-                    .context("reading the record")?;
-                let Some(record) = found.first() else {
-                    return Err(anyhow!(NotFound("no live record for that key and scope")));
-                };
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&idem_http::RecordView::from(record))?
-                );
-                return Ok(());
+        RecordsCommand::Get(target) => {
+            let (_, record) = find(target).await?;
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&idem_http::RecordView::from(&record))?
+            );
+            Ok(())
+        }
+        RecordsCommand::Release { target, force } => {
+            let (store, record) = find(target).await?;
+            let now = Timestamp::now();
+            if record.status != Status::InProgress {
+                return Err(anyhow!(
+                    "the record is {}: its outcome is known and stays until it expires",
+                    record.status.as_str()
+                ))
+                .or_usage();
             }
-            for (m, p) in operations {
-                let id = RecordId::new(
-                    scope.clone(),
-                    Operation::new(&m, PathPattern::new(&p).as_str()),
-                    key.clone(),
-                );
-                if let Some(view) = idem_http::lookup(&*store, &id)
-                    .await
-                    .context("reading the record")?
-                {
-                    println!("{}", serde_json::to_string_pretty(&view)?);
-                    return Ok(());
-                }
+            if record.lease_is_live(now) && !force {
+                return Err(anyhow!(
+                    "its lease is live for {:?} more: an execution may still be running (or a retry of a held key took it over again); release it once the lease is over, or with --force once you know nothing runs",
+                    record.lease_until.map_or(Duration::ZERO, |l| l.saturating_since(now))
+                ))
+                .or_usage();
             }
-            Err(anyhow!(NotFound(
-                "no live record for that key, scope and operation"
-            )))
+            match store
+                .release(&record.id, record.fence, now)
+                .await
+                .context("releasing the record")?
+            {
+                Settled::Applied => {
+                    println!(
+                        "released {} (fence {}): the next request with this key executes it",
+                        record.id.operation.as_str(),
+                        record.fence.get()
+                    );
+                    Ok(())
+                }
+                Settled::StaleFence => Err(anyhow!(
+                    "the record changed meanwhile (finished, or taken over by a request): nothing was released; read it again"
+                )),
+            }
         }
         RecordsCommand::Stale { store, limit } => {
             let store = open(&store).await?;

@@ -14,6 +14,7 @@ use tokio::net::TcpListener;
 
 use crate::admin;
 use crate::config::GatewayConfig;
+use crate::tls::CaFile;
 
 /// Buckets for every histogram, in seconds (store latency mostly).
 const BUCKETS: [f64; 13] = [
@@ -26,7 +27,17 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
         .context("histogram buckets")?
         .install_recorder()
         .context("cannot install the metrics recorder")?;
-    let store = cfg.store.open(cfg.store_ca.as_ref()).await?;
+    let store = cfg
+        .store
+        .open(cfg.store_ca.as_ref().map(CaFile::pem))
+        .await?;
+    crate::durability::check(
+        store.as_ref(),
+        &cfg.store,
+        cfg.accept_volatile_store,
+        cfg.store_timeout,
+    )
+    .await?;
     let listener = TcpListener::bind(&cfg.listen)
         .await
         .with_context(|| format!("cannot listen on {}", cfg.listen))?;
@@ -44,7 +55,11 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
         let (url, ca) = (cfg.store.clone(), cfg.store_ca.clone());
         let open: idem_gateway::OpenStore = Arc::new(move || {
             let (url, ca) = (url.clone(), ca.clone());
-            Box::pin(async move { url.open(ca.as_ref()).await.map_err(Into::into) })
+            Box::pin(async move {
+                url.open(ca.as_ref().map(CaFile::pem))
+                    .await
+                    .map_err(Into::into)
+            })
         });
         ThreadStores::new(store.clone(), cfg.threads, open)
     });
@@ -94,13 +109,22 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
     let shutdown = tokio_util::sync::CancellationToken::new();
     tokio::spawn(signals(shutdown.clone()));
     // Expired records are purged, and stale claims (a gateway died
-    // mid-request) released after their lease: the gateway cannot see
-    // whether the upstream acted, and the upstream got the same
-    // Idempotency-Key to deduplicate the retry.
+    // mid-request) resolved by their route's takeover policy: released
+    // after their lease where it is `reexecute` (the upstream got the same
+    // Idempotency-Key to deduplicate the retry), left for an operator or
+    // the next retry's takeover otherwise. The store's epoch is checked
+    // every second: a store that lost records refuses new claims for at
+    // least the longest lease (every forwarded request ends within its
+    // route's lease: checked in the configuration).
+    let watch = handle
+        .store_watch()
+        .window(cfg.upstream_timeout + cfg.store_timeout)
+        .store_timeout(cfg.store_timeout);
     Maintenance::new(store.clone())
         .interval(cfg.sweep_interval)
         .store_timeout(cfg.store_timeout)
-        .reconcile(Arc::new(idem_core::ReleaseAll))
+        .reconcile(Arc::new(handle.takeover_reconciler()))
+        .watch_store(watch)
         .spawn(shutdown.clone());
     {
         let (prometheus, handle, shutdown) = (prometheus.clone(), handle.clone(), shutdown.clone());
@@ -128,7 +152,9 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// What the gateway library needs to know of the upstream.
+/// What the gateway library needs to know of the upstream. The key
+/// header, the scope headers and the response limit it takes from the
+/// layer.
 fn upstream_settings(cfg: &GatewayConfig) -> UpstreamSettings {
     UpstreamSettings {
         url: cfg.upstream.clone(),
@@ -136,11 +162,8 @@ fn upstream_settings(cfg: &GatewayConfig) -> UpstreamSettings {
         timeout: cfg.upstream_timeout,
         idle_timeout: cfg.upstream_idle_timeout,
         body_timeout: cfg.body_timeout,
-        replay_limit: cfg.max_response,
         trust_forwarded: cfg.trust_forwarded,
-        protected_headers: std::iter::once(cfg.key_header.clone())
-            .chain(cfg.scope_headers.iter().cloned())
-            .collect(),
+        protected_headers: Vec::new(),
     }
 }
 
@@ -163,7 +186,7 @@ fn log_settings(cfg: &GatewayConfig) {
         listen = %cfg.listen,
         tls = cfg.tls.is_some(),
         admin = %cfg.admin_listen,
-        upstream = %crate::stores::redact_uri(&cfg.upstream),
+        upstream = %idem_stores::redact(&cfg.upstream.to_string()),
         upstream_ca = cfg.upstream_ca.as_ref().map(|p| p.display().to_string()),
         store = %cfg.store,
         store_ca = cfg.store_ca.as_ref().map(|c| c.path.display().to_string()),
@@ -188,6 +211,7 @@ fn log_settings(cfg: &GatewayConfig) {
         require_scope = cfg.require_scope,
         anonymous_reads = cfg.anonymous_reads,
         trust_forwarded = cfg.trust_forwarded,
+        accept_volatile_store = cfg.accept_volatile_store,
         routes = cfg.routes.len(),
         "forwarding requests"
     );
@@ -213,7 +237,7 @@ async fn signals(shutdown: tokio_util::sync::CancellationToken) {
 mod tests {
     #[test]
     fn the_logged_upstream_has_no_password() {
-        let shown = |u: &str| crate::stores::redact_uri(&u.parse().unwrap());
+        let shown = |u: &str| idem_stores::redact(&u.parse::<http::Uri>().unwrap().to_string());
         assert_eq!(
             shown("http://svc:s3cret@10.0.0.1:3000/api"),
             "http://svc:***@10.0.0.1:3000/api"

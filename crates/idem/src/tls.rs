@@ -28,13 +28,17 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 #[derive(Debug, Clone)]
 pub(crate) struct CaFile {
     pub(crate) path: PathBuf,
-    /// Handed to a store's driver (built only with network stores).
-    #[cfg_attr(not(any(feature = "postgres", feature = "redis")), allow(dead_code))]
+    /// Handed to a store's driver.
     pub(crate) pem: Vec<u8>,
     certs: Vec<CertificateDer<'static>>,
 }
 
 impl CaFile {
+    /// The file's bytes, as a store's driver takes them.
+    pub(crate) fn pem(&self) -> &[u8] {
+        &self.pem
+    }
+
     pub(crate) fn read(path: &Path) -> anyhow::Result<CaFile> {
         let pem = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
         let certs = certificates(&pem).with_context(|| format!("{}", path.display()))?;

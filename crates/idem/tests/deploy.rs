@@ -33,7 +33,7 @@ fn read(relative: &str) -> String {
 /// Every metric name the code registers, whether or not its event has
 /// happened yet (some series appear only after a crash or a store failure).
 fn registered() -> BTreeSet<&'static str> {
-    use idem_http::{maintenance, metrics};
+    use idem_http::{maintenance, metrics, store_watch};
     BTreeSet::from([
         metrics::REQUESTS,
         metrics::TAKEOVERS,
@@ -45,6 +45,9 @@ fn registered() -> BTreeSet<&'static str> {
         metrics::UNRECORDED,
         maintenance::RECONCILED,
         maintenance::PURGED,
+        store_watch::STORE_LOSSES,
+        store_watch::LOSS_WINDOW_OPEN,
+        store_watch::EPOCH_CHECKS_FAILED,
     ])
 }
 
@@ -292,6 +295,12 @@ async fn every_metric_in_the_alerts_and_dashboard_is_exported() {
         }
         for v in label_values(text, "op") {
             assert!(OPS.contains(&v.as_str()), "{file}: no store op `{v}`");
+        }
+        for v in label_values(text, "cause") {
+            assert!(
+                idem_core::LOSS_CAUSES.contains(&v.as_str()),
+                "{file}: no loss cause `{v}`"
+            );
         }
     }
     assert!(named >= 20, "the deploy files name metrics ({named})");

@@ -814,8 +814,9 @@ async fn the_sweeper_purges_expired_records() {
 }
 
 /// A gateway killed mid-request leaves a stale claim; `idem records stale`
-/// lists it, and another gateway on the same store releases it after the
-/// lease, so the client's retry is forwarded again.
+/// lists it, and under `--takeover reexecute` another gateway on the same
+/// store releases it after the lease, so the client's retry is forwarded
+/// again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_gateways_claims_are_listed_and_released() {
     let (_up, up) = upstream();
@@ -830,6 +831,8 @@ async fn a_dead_gateways_claims_are_listed_and_released() {
         "200ms",
         "--sweep-interval",
         "100ms",
+        "--takeover",
+        "reexecute",
     ];
     let mut a = gateway(&up, &store, &timing).await;
     let k = key("dead");
@@ -985,4 +988,130 @@ async fn transparent_huge_pages_are_off_unless_the_operator_allows_them() {
     )
     .await;
     assert_eq!(thp_enabled(allowed.proc.child.id()), Some(true));
+}
+
+/// Kills a gateway (SIGKILL) while the upstream runs `key`'s request on
+/// `/slow`, then starts another on the same store with the same flags;
+/// returns it once the first request has been forwarded and lost.
+async fn killed_mid_request(up: &str, store: &str, flags: &[&str], k: &str) -> support::Gateway {
+    let mut a = gateway(up, store, flags).await;
+    let c = reqwest::Client::new();
+    let lost = tokio::spawn(
+        c.post(format!("{}/slow", a.base))
+            .header("idempotency-key", k)
+            .body("{}")
+            .send(),
+    );
+    while executions(up, k).await == 0 {
+        tokio::task::yield_now().await;
+    }
+    a.proc.child.kill().unwrap(); // SIGKILL: no completion, no release
+    a.proc.child.wait().unwrap();
+    assert!(lost.await.unwrap().is_err());
+    gateway(up, store, flags).await
+}
+
+/// Retries `key` on `/slow` as a client honouring 409 would, until the
+/// answer is something else; returns it.
+async fn retry_past_409(g: &support::Gateway, k: &str) -> (u16, String) {
+    let c = reqwest::Client::new();
+    for _ in 0..200 {
+        let r = c
+            .post(format!("{}/slow", g.base))
+            .header("idempotency-key", k)
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let body = r.text().await.unwrap();
+        if status != 409 {
+            return (status, body);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("still 409 after 10 s");
+}
+
+const CRASH_TIMING: [&str; 8] = [
+    "--lease",
+    "2s",
+    "--upstream-timeout",
+    "700ms",
+    "--store-timeout",
+    "200ms",
+    "--sweep-interval",
+    "100ms",
+];
+
+/// The crash window under the default policy, `hold`: after a gateway dies
+/// between forwarding and completing, the retry past the lease is not
+/// forwarded again but answered `outcome-unresolved`, and so is the next
+/// one, until `idem records release` (refused while the lease is live);
+/// then the retry is forwarded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_gateways_request_is_held_until_an_operator_releases_it() {
+    let (_up, up) = upstream();
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite:{}", dir.path().join("hold.db").display());
+    let k = key("held");
+    let b = killed_mid_request(&up, &store, &CRASH_TIMING, &k).await;
+    let release = [
+        "records", "release", &k, "--store", &store, "--path", "/slow",
+    ];
+    let (code, _, err) = idem(&release);
+    assert_eq!(code, 2, "refused while the lease is live: {err}");
+    assert!(err.contains("lease is live"), "{err}");
+
+    for _ in 0..2 {
+        let (status, body) = retry_past_409(&b, &k).await;
+        assert_eq!(status, 500, "{body}");
+        assert!(body.contains("outcome-unresolved"), "{body}");
+        assert_eq!(executions(&up, &k).await, 1, "not forwarded again");
+    }
+    // The operator knows the first did not happen, and releases it: with
+    // --force, since the last retry's takeover holds a lease of its own.
+    let mut forced = release.to_vec();
+    forced.push("--force");
+    let (code, out, err) = idem(&forced);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("released POST /slow"), "{out}");
+    reqwest::get(format!("{up}/release")).await.unwrap();
+    reqwest::get(format!("{up}/release")).await.unwrap();
+    let (status, body) = retry_past_409(&b, &k).await;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(executions(&up, &k).await, 2);
+    assert_eq!(executions(&up, &format!("takeover-{k}")).await, 0);
+}
+
+/// The crash window under `--takeover announce`: the retry past the lease
+/// is forwarded again with `Idem-Takeover: <key>`, so an upstream that
+/// keeps its keys can refuse the duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_gateways_request_is_forwarded_again_with_the_takeover_announced() {
+    let (_up, up) = upstream();
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite:{}", dir.path().join("announce.db").display());
+    let mut flags = CRASH_TIMING.to_vec();
+    flags.extend(["--takeover", "announce"]);
+    let k = key("announced");
+    let b = killed_mid_request(&up, &store, &flags, &k).await;
+    reqwest::get(format!("{up}/release")).await.unwrap();
+    reqwest::get(format!("{up}/release")).await.unwrap();
+    let (status, body) = retry_past_409(&b, &k).await;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(executions(&up, &k).await, 2);
+    assert_eq!(executions(&up, &format!("takeover-{k}")).await, 1);
+    // A client cannot announce a takeover itself.
+    let forged = key("forged");
+    let r = reqwest::Client::new()
+        .post(format!("{}/echo", b.base))
+        .header("idempotency-key", &forged)
+        .header("idem-takeover", &forged)
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    let seen: serde_json::Value = r.json().await.unwrap();
+    assert!(seen.get("idem-takeover").is_none(), "{seen}");
 }

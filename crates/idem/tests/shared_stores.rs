@@ -182,3 +182,195 @@ fn demo_flags_are_checked() {
     assert_eq!(code, 2);
     assert!(err.contains("--drop-rate"), "{err}");
 }
+
+/// A Redis without `appendonly` forgets records on a restart: `idem serve`
+/// refuses it (exit 2, naming the setting and the flag) and starts with
+/// `--accept-volatile-store`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_refuses_a_redis_without_appendonly_unless_accepted() {
+    use idem_testkit::private_redis::{PrivateRedis, free_port};
+    let Some(redis) = PrivateRedis::start(free_port()) else {
+        return;
+    };
+    redis.wait_ready();
+    let (_up, up) = upstream();
+    let url = redis.url();
+    let (code, _, err) = idem(&[
+        "serve",
+        "--upstream",
+        &up,
+        "--store",
+        &url,
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("appendonly = no"), "{err}");
+    assert!(err.contains("--accept-volatile-store"), "{err}");
+    // support::gateway passes --accept-volatile-store for Redis stores.
+    let g = gateway(&up, &url, &[]).await;
+    assert_eq!(
+        reqwest::get(format!("{}/readyz", g.admin))
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+}
+
+/// The epoch's counter in a Redis on `port` (`None` before the first
+/// check wrote it), read with `redis-cli`.
+fn epoch_counter(port: u16) -> Option<u64> {
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new("redis-cli")
+            .args(["-p", &port.to_string()])
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let keys = cli(&["--scan", "--pattern", "*epoch"]);
+    let key = keys.lines().next()?;
+    cli(&["HGET", key, "counter"]).trim().parse().ok()
+}
+
+/// A Redis without persistence restarted under traffic comes back empty:
+/// the gateway's watch notices (the epoch was written again), new keys are
+/// refused with 503 `store-lost-records` for the loss window and nothing is
+/// forwarded meanwhile, the loss is counted by cause, and after the window
+/// keys execute again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_restarted_empty_is_noticed_and_new_claims_wait_out_the_window() {
+    use idem_testkit::private_server::PrivateServer;
+    use idem_testkit::restartable_redis::RestartableRedis;
+    let Some(mut redis) = RestartableRedis::in_memory() else {
+        return;
+    };
+    let port: u16 = redis.url().rsplit(':').next().unwrap().parse().unwrap();
+    let (_up, up) = upstream();
+    let g = gateway(&up, &redis.url(), &support::SHORT_LIVED).await;
+    let c = reqwest::Client::new();
+    let tag = std::process::id();
+    let post = |k: &str| {
+        c.post(format!("{}/orders", g.base))
+            .header("idempotency-key", k.to_owned())
+            .body("{}")
+            .send()
+    };
+    let first = format!("before-the-loss-{tag}-0001");
+    assert_eq!(post(&first).await.unwrap().status(), 201);
+    // The watch has read the epoch at least once after writing it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while epoch_counter(port).is_none_or(|n| n < 2) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the epoch was never advanced"
+        );
+        tokio::task::yield_now().await;
+    }
+
+    redis.crash();
+    redis.restart();
+
+    let mut refused = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let key = format!("in-the-window-{tag}-{:04}", refused.len());
+        let r = post(&key).await.unwrap();
+        let status = r.status();
+        let body = r.text().await.unwrap();
+        if status == 201 {
+            panic!("a claim ran before the loss was noticed: {key}");
+        }
+        assert_eq!(status, 503, "{body}");
+        refused.push(key);
+        if body.contains("store-lost-records") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never noticed: {body}"
+        );
+    }
+    for key in &refused {
+        assert_eq!(executions(&up, key).await, 0, "{key} was forwarded");
+    }
+    let scrape = support::metrics_text(&g).await;
+    assert!(
+        scrape.contains("idem_store_losses_total{cause=\"emptied\"} 1"),
+        "{scrape}"
+    );
+    // After the window (the lease, 800 ms), keys execute again.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    for n in 0.. {
+        let key = format!("after-the-window-{tag}-{n:04}");
+        if post(&key).await.unwrap().status() == 201 {
+            assert_eq!(executions(&up, &key).await, 1);
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the window never closed"
+        );
+    }
+}
+
+/// The number that follows `label` at the start of a line of the demo's
+/// report (`None` if no such line or no number there).
+fn reported(out: &str, label: &str) -> Option<u64> {
+    out.lines()
+        .find_map(|l| l.trim_start().strip_prefix(label))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+}
+
+/// `idem demo --store-faults` with `extra` flags: the layer's store frozen
+/// (at a quarter of the intents) and then closed and reopened (at 60%),
+/// both on the drive's progress, so both fall inside the run; the
+/// invariants hold as without the faults, and the store's epoch shows no
+/// loss.
+fn the_demo_through_store_faults(extra: &[&str]) {
+    let mut args = vec![
+        "demo",
+        "--store-faults",
+        "--intents",
+        "300",
+        "--clients",
+        "8",
+    ];
+    args.extend_from_slice(extra);
+    let (code, out, err) = idem(&args);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("all invariants hold"), "{out}");
+    assert!(out.contains("\nstore faults:\n"), "{out}");
+    for phase in ["freeze", "restart (closed, reopened)"] {
+        let line = out
+            .lines()
+            .find(|l| l.trim_start().starts_with(phase))
+            .unwrap_or_else(|| panic!("no {phase} line: {out}"));
+        assert!(line.contains(" s, from "), "{phase} did not happen: {out}");
+    }
+    let delayed = reported(&out, "calls delayed").unwrap_or_else(|| panic!("{out}"));
+    assert!(delayed > 0, "the freeze delayed no call: {out}");
+    let failed = reported(&out, "calls failed (unavailable)").unwrap_or_else(|| panic!("{out}"));
+    assert!(failed > 0, "the restart failed no call: {out}");
+    assert!(out.contains("no loss noticed"), "{out}");
+    assert!(out.contains("[ ok ] store kept its records"), "{out}");
+}
+
+#[test]
+fn the_demo_holds_its_invariants_through_store_faults() {
+    the_demo_through_store_faults(&[]);
+}
+
+/// The same on PostgreSQL: the restart opens a new pool on the demo's
+/// schema.
+#[test]
+fn the_demo_holds_its_invariants_through_store_faults_on_postgres() {
+    let Some(url) = idem_testkit::backend_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL") else {
+        return;
+    };
+    the_demo_through_store_faults(&["--store", &url]);
+}

@@ -58,23 +58,11 @@ pub const SHORT_LIVED: [&str; 10] = [
     "100ms",
 ];
 
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+pub use idem_testkit::private_redis::free_port;
 
-/// Two different free ports, for a listener and an admin listener: the
-/// system may hand the same free port out twice when the first probe's
-/// socket is closed before the second.
+/// Two different free ports, for a listener and an admin listener.
 pub fn two_free_ports() -> (u16, u16) {
-    let first = free_port();
-    let second = std::iter::repeat_with(free_port)
-        .find(|p| *p != first)
-        .unwrap();
-    (first, second)
+    (free_port(), free_port())
 }
 
 /// Polls `url` until it answers 2xx, for up to 20 s.
@@ -114,6 +102,11 @@ pub async fn gateway_logging_to(
 }
 
 /// [`gateway_logging_to`], with `env` added to the gateway's environment.
+///
+/// A Redis store (`redis://`, `rediss://`, `redis-cluster://`...) gets
+/// `--accept-volatile-store`: the Redis servers of the tests run without
+/// `appendonly`, which `idem serve` refuses otherwise (tests/durability.rs
+/// checks the refusal itself).
 pub async fn gateway_with_env(
     upstream: &str,
     store: &str,
@@ -131,6 +124,11 @@ pub async fn gateway_with_env(
             &format!("127.0.0.1:{admin}"),
         ])
         .args(extra)
+        .args(
+            store
+                .starts_with("redis")
+                .then_some("--accept-volatile-store"),
+        )
         .env_remove("IDEM_CONFIG")
         .env_remove("MIMALLOC_ALLOW_THP")
         .envs(env.iter().copied())
@@ -256,6 +254,10 @@ fn count(state: &Counts, headers: &HeaderMap) -> u64 {
         .unwrap_or("none")
         .to_owned();
     let mut map = state.per_key.lock().unwrap();
+    // A takeover the gateway announced, counted as `takeover-KEY`.
+    if let Some(of) = headers.get("idem-takeover").and_then(|v| v.to_str().ok()) {
+        *map.entry(format!("takeover-{of}")).or_default() += 1;
+    }
     let n = map.entry(key).or_default();
     *n += 1;
     *n

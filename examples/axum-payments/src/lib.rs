@@ -10,7 +10,9 @@
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let store = idem_sqlite::SqliteStore::open("payments.db")?;
-//! let (app, _handle) = axum_payments::app(store);
+//! let (app, handle) = axum_payments::app(store)?;
+//! let stop = idem_http::maintenance::CancellationToken::new();
+//! let _maintenance = axum_payments::maintenance(&handle).spawn(stop.clone());
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
 //! axum::serve(listener, app).await?;
 //! # Ok(()) }
@@ -26,8 +28,18 @@
 //! - **The `IdempotencyContext` extractor** (idem-http's `axum` feature):
 //!   the handler learns the key it runs under, and keeps it with the
 //!   payment.
+//! - **Wait mode** on `POST /payments`: a duplicate that arrives while
+//!   the first request still runs (a client that timed out and retried)
+//!   waits up to 10 s for its answer and gets it as a replay, instead of
+//!   a 409 to retry later (the default, `Concurrency::Conflict`).
+//! - **A resource id**: the handler names the payment it made
+//!   (`IdempotencyContext::set_resource_id`), and the read path gives it
+//!   to a client that lost the answer.
 //! - **The read path**, mounted after the layer so that the layer does not
 //!   wrap it.
+//! - **Maintenance** ([`maintenance`]): expired records purged, stale
+//!   claims settled by their route's takeover policy, and the store
+//!   watched for lost records; without it the SQLite file only grows.
 //!
 //! Payments live in memory here, to keep the example short; a real
 //! service keeps them in its database. Records are scoped by the
@@ -37,6 +49,7 @@
 //! the `idem-ledger` crate.
 
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
@@ -44,7 +57,8 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use idem_core::Store;
+use idem_core::{Concurrency, Policy, PolicyError, Store};
+use idem_http::maintenance::Maintenance;
 use idem_http::{IdempotencyContext, IdempotencyLayer, LayerHandle, Problem, RouteRule};
 use serde::{Deserialize, Serialize};
 
@@ -82,11 +96,25 @@ struct Ledger {
     payments: Mutex<Vec<(Payment, String)>>,
 }
 
+/// How long a duplicate of a payment still running waits for its answer.
+pub const PAYMENT_WAIT: Duration = Duration::from_secs(10);
+
 /// The service over `store` (an `idem_sqlite::SqliteStore` in `main`),
-/// and the layer's handle for shutdown.
-pub fn app(store: impl Store) -> (Router, LayerHandle) {
+/// and the layer's handle for maintenance and shutdown.
+///
+/// # Errors
+/// The payment route's policy is invalid (it is not: a 10 s wait under
+/// the default 24 h record lifetime).
+pub fn app(store: impl Store) -> Result<(Router, LayerHandle), PolicyError> {
+    // Wait mode: a duplicate in flight waits for the first answer and gets
+    // it as a replay (409 if it takes longer than the limit).
+    let payments = Policy::builder()
+        .concurrency(Concurrency::Wait {
+            limit: PAYMENT_WAIT,
+        })
+        .build()?;
     let layer = IdempotencyLayer::builder(store)
-        .route(RouteRule::post("/payments"))
+        .route(RouteRule::post("/payments").policy(payments))
         .build();
     let handle = layer.handle();
     let read_path = layer.read_path();
@@ -98,7 +126,18 @@ pub fn app(store: impl Store) -> (Router, LayerHandle) {
         .route_layer(layer)
         // Added after the layer, so the layer does not wrap it.
         .route_service("/_idem/records/{key}", read_path);
-    (router, handle)
+    Ok((router, handle))
+}
+
+/// The layer's maintenance, to `spawn` next to the server: every minute,
+/// expired records purged and stale claims (an executor that died
+/// mid-request) settled by their route's takeover policy; and the store
+/// watched, so that a store that lost records (restored from an old
+/// backup, say) is noticed and no key executes twice in the loss window.
+pub fn maintenance(handle: &LayerHandle) -> Maintenance {
+    Maintenance::new(handle.store().clone())
+        .reconcile(Arc::new(handle.takeover_reconciler()))
+        .watch_store(handle.store_watch())
 }
 
 /// `POST /payments`: runs once per key; the layer answers every retry.
@@ -131,6 +170,8 @@ async fn create_payment(
         payments.push((payment.clone(), ctx.id().key.as_str().to_owned()));
         payment
     };
+    // Kept with the record: `GET /_idem/records/{key}` names the payment.
+    ctx.set_resource_id(&payment.id);
     let mut response = (StatusCode::CREATED, Json(&payment)).into_response();
     if let Ok(location) = HeaderValue::from_str(&format!("/payments/{}", payment.id)) {
         // Stored with the record, so a replay carries it too.

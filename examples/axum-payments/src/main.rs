@@ -1,4 +1,4 @@
-//! Serves the payments example: `cargo run -p axum-payments`.
+//! Serves the payments example: `cargo run` in this directory.
 //!
 //! `PAYMENTS_ADDR` (default `127.0.0.1:3000`) is where it listens,
 //! `PAYMENTS_DB` (default `payments.db`) the SQLite file of its
@@ -22,7 +22,23 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let (app, handle) = axum_payments::app(store);
+    let (app, handle) = match axum_payments::app(store) {
+        Ok(app) => app,
+        Err(e) => {
+            eprintln!("axum-payments: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // Every RouteRule checked against the router (no handler runs): a
+    // rule that names no route would leave its route under the default rule.
+    for finding in handle.check_routes(&app).await {
+        eprintln!("axum-payments: {finding}");
+    }
+    // Expired records purged (every minute by default), stale claims
+    // resolved by their route's takeover policy, the store watched for
+    // lost records: without this the SQLite file only grows.
+    let stop = idem_http::maintenance::CancellationToken::new();
+    let maintenance = axum_payments::maintenance(&handle).spawn(stop.clone());
     let listener = match tokio::net::TcpListener::bind(&addr).await {
         Ok(l) => l,
         Err(e) => {
@@ -38,6 +54,8 @@ async fn main() -> ExitCode {
         .await;
     // Handlers run in tasks of the layer's own: let them finish.
     handle.shutdown(Duration::from_secs(10)).await;
+    stop.cancel();
+    let _ = maintenance.await;
     match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -17,7 +17,7 @@ const TOKEN: &str = "Bearer client-a-0123456789";
 async fn start() -> (String, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let store = idem_sqlite::SqliteStore::open(dir.path().join("payments.db")).unwrap();
-    let (app, _handle) = axum_payments::app(store);
+    let (app, _handle) = axum_payments::app(store).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
@@ -112,6 +112,8 @@ async fn a_retry_replays_and_a_changed_body_is_422() {
     assert_eq!(record["status"], "completed");
     assert_eq!(record["operation"], "POST /payments");
     assert_eq!(record["response"]["status"], 201);
+    // Named by the handler (`IdempotencyContext::set_resource_id`).
+    assert_eq!(record["resource_id"], made.id.as_str());
     let stored: Payment =
         serde_json::from_str(record["response"]["body"].as_str().unwrap()).unwrap();
     assert_eq!(stored, made);
@@ -156,4 +158,43 @@ async fn keys_are_required_and_mistyped_paths_leave_no_record() {
     assert_eq!(created.status(), StatusCode::CREATED);
     assert!(created.headers().get(IDEMPOTENT_REPLAYED).is_none());
     assert_eq!(payments(&base).await.len(), 1);
+}
+
+/// Wait mode on `POST /payments`: duplicates sent at once, most of them
+/// while the first is still in flight (its claim and its record each wait
+/// for SQLite's fsync), all get the one payment's answer: 201, never 409,
+/// and one payment. Without wait mode the duplicates in flight get 409.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicates_in_flight_wait_for_the_first_answer() {
+    let (base, _dir) = start().await;
+    let key = "wait-mode-00000000000001";
+    let body = r#"{"amount":700,"currency":"EUR","to":"acct_wait"}"#;
+    let sends: Vec<_> = (0..8)
+        .map(|_| tokio::spawn(pay(&base, key, body).send()))
+        .collect();
+    let mut replays = 0;
+    let mut first = None;
+    for send in sends {
+        let answer = send.await.unwrap().unwrap();
+        assert_eq!(
+            answer.status(),
+            StatusCode::CREATED,
+            "a duplicate was not made to wait"
+        );
+        replays += usize::from(answer.headers().contains_key(IDEMPOTENT_REPLAYED));
+        let payment: Payment = answer.json().await.unwrap();
+        assert_eq!(first.get_or_insert_with(|| payment.clone()), &payment);
+    }
+    assert_eq!(replays, 7);
+    assert_eq!(payments(&base).await.len(), 1);
+}
+
+/// Every `RouteRule` of the service names one of its routes
+/// (`LayerHandle::check_routes`, run by `main` at start-up).
+#[tokio::test]
+async fn every_rule_names_a_route() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = idem_sqlite::SqliteStore::open(dir.path().join("payments.db")).unwrap();
+    let (app, handle) = axum_payments::app(store).unwrap();
+    assert_eq!(handle.check_routes(&app).await, Vec::new());
 }

@@ -230,8 +230,12 @@ pub(super) fn rewrite_headers(
 
 /// Whether the gateway removes or rewrites a request header of this name
 /// on its way to the upstream: a hop-by-hop header, `Host`, or a
-/// forwarding header. A header the upstream would not receive as the
-/// client sent it cannot carry an idempotency key.
+/// forwarding header, or `Idem-Takeover` (the layer's own). A header the
+/// upstream would not receive as the client sent it cannot carry an
+/// idempotency key.
 pub fn rewritten_on_the_way(name: &HeaderName) -> bool {
-    *name == header::HOST || HOP_BY_HOP.contains(name) || FORWARDING.contains(name)
+    *name == header::HOST
+        || *name == idem_http::IDEM_TAKEOVER
+        || HOP_BY_HOP.contains(name)
+        || FORWARDING.contains(name)
 }

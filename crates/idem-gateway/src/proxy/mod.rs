@@ -30,7 +30,7 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use http::header::{self, HeaderName};
 use http::{HeaderValue, Request, Response, StatusCode};
-use idem_http::{Body, IdempotencyContext, OutcomeUnknown, UnverifiedEnd, boxed};
+use idem_http::{Body, IdempotencyContext, IdempotencyLayer, OutcomeUnknown, UnverifiedEnd, boxed};
 use tokio::time::Instant;
 use tower::Service;
 
@@ -64,28 +64,66 @@ struct Forwarder {
     /// what the forwarding headers say the client used.
     client_proto: &'static str,
     timeout: Duration,
-    /// The replay limit (`--max-response`): how much of a keyed answer
-    /// the layer reads whole, under `timeout`.
+    /// The layer's response limit: how much of a keyed answer the layer
+    /// reads whole, under `timeout`.
     replay_limit: usize,
     /// How long the rest of an answer too large to store may go without
     /// a frame (`--body-timeout`).
     body_idle_timeout: Duration,
     trust_forwarded: bool,
     /// End-to-end headers a client may not remove by naming them in
-    /// `Connection`: the key (under `--key-header`'s name) and the scope
-    /// the record was claimed under.
+    /// `Connection`: the key (under the layer's key header) and the scope
+    /// the record was claimed under, among others.
     protected: Arc<[HeaderName]>,
 }
 
+/// What the proxy takes from the idempotency layer in front of it, so
+/// that whoever embeds the gateway cannot set it apart from the layer.
+pub(crate) struct LayerTerms {
+    /// The layer's key header and scope headers: the upstream must get
+    /// them as the client sent them.
+    protected: Vec<HeaderName>,
+    /// The layer's response limit.
+    replay_limit: usize,
+}
+
+impl LayerTerms {
+    pub(crate) fn of(layer: &IdempotencyLayer) -> LayerTerms {
+        LayerTerms {
+            protected: std::iter::once(layer.key_header())
+                .chain(layer.scope_headers())
+                .cloned()
+                .collect(),
+            replay_limit: layer.response_limit(),
+        }
+    }
+}
+
 impl Proxy {
-    /// A proxy to `upstream`, with a connection pool of its own (one per
-    /// serving thread). `client_proto` is what the forwarding headers say
-    /// the client used: `https` when the gateway's listener speaks TLS.
-    pub(crate) fn new(upstream: &UpstreamSettings, client_proto: &'static str) -> Proxy {
+    /// A proxy to `upstream`, behind a layer of `terms`, with a connection
+    /// pool of its own (one per serving thread). `client_proto` is what
+    /// the forwarding headers say the client used: `https` when the
+    /// gateway's listener speaks TLS.
+    pub(crate) fn new(
+        upstream: &UpstreamSettings,
+        terms: &LayerTerms,
+        client_proto: &'static str,
+    ) -> Proxy {
         let settings = upstream;
         let upstream = Upstream::new(&settings.url);
         // An upstream URL without an authority is never connected to.
         let origin = upstream.origin.clone().unwrap_or_default();
+        let mut protected = vec![
+            header::AUTHORIZATION,
+            header::CONTENT_TYPE,
+            header::CONTENT_LENGTH,
+            header::CONTENT_ENCODING,
+        ];
+        for name in terms.protected.iter().chain(&settings.protected_headers) {
+            if !protected.contains(name) {
+                protected.push(name.clone());
+            }
+        }
         Proxy(Arc::new(Forwarder {
             pool: Pool::new(
                 origin,
@@ -96,18 +134,10 @@ impl Proxy {
             upstream,
             client_proto,
             timeout: settings.timeout,
-            replay_limit: settings.replay_limit,
+            replay_limit: terms.replay_limit,
             body_idle_timeout: settings.body_timeout,
             trust_forwarded: settings.trust_forwarded,
-            protected: [
-                header::AUTHORIZATION,
-                header::CONTENT_TYPE,
-                header::CONTENT_LENGTH,
-                header::CONTENT_ENCODING,
-            ]
-            .into_iter()
-            .chain(settings.protected_headers.iter().cloned())
-            .collect(),
+            protected: protected.into(),
         }))
     }
 }

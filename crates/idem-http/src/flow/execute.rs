@@ -8,12 +8,16 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures_util::FutureExt;
 use futures_util::StreamExt;
-use http::{Request, Response, StatusCode, header};
+use http::{Request, Response, header};
 use http_body_util::{BodyExt, BodyStream, StreamBody};
-use idem_core::{Completion, Disposition, Lease, StoredResponse};
+use idem_core::{Completion, Disposition, Fingerprint, Lease, Takeover};
 
+use super::execution::Claimed;
 use super::execution::{Call, Ended, OutcomeUnknown, UnverifiedEnd};
-use super::settle::{abandon, complete, finish, hold, release, settle_release};
+use super::heartbeat::beating;
+use super::not_stored::{NotStored, not_stored};
+use super::release::release;
+use super::settle::{abandon, complete, finish, hold, settle_release};
 use crate::body::{Body, BoxError, full};
 use crate::context::IdempotencyContext;
 use crate::metrics::Outcome;
@@ -31,24 +35,33 @@ pub(super) async fn execute<E>(
     ctx: IdempotencyContext,
     rule: Arc<RouteRule>,
     lease: Lease,
+    fingerprint: Fingerprint,
 ) -> Ended<Result<Response<Body>, E>> {
     let token = shared.in_progress.begin(&shared.meters);
     let id = ctx.id().clone();
+    let claim = Claimed {
+        lease,
+        fingerprint,
+        lease_length: rule.policy.lease(),
+        keep_claim: lease.takeover && rule.policy.takeover() == Takeover::Announce,
+    };
     // Past the shutdown's grace the layer cancels executions. One claimed
     // since then has not reached the inner service: its claim is given
     // back, in either mode (a hold would keep a key that never ran until
     // its lease ends).
     if shared.shutdown.is_cancelled() {
-        let abandoned = abandon(&shared, &id, lease, token, Rejection::ShuttingDown).await;
-        return (Outcome::Released, Ok(abandoned));
+        let abandoned = abandon(&shared, &id, claim, token, Rejection::ShuttingDown).await;
+        return (claim.released(), Ok(abandoned));
     }
     tracing::debug!(key = %id.key.log_id(), fence = lease.fence.get(), takeover = lease.takeover, "executing");
     let head_request = request.method() == http::Method::HEAD;
     let call = inner(request);
+    // The claim's lease is renewed while the handler runs and while its
+    // answer is read: a long execution is never taken over beside itself.
     let outcome = tokio::select! {
         biased;
         () = shared.shutdown.cancelled() => None,
-        r = AssertUnwindSafe(call).catch_unwind() => Some(r),
+        r = beating(&shared, &id, claim, AssertUnwindSafe(call).catch_unwind()) => Some(r),
     };
     let response = match outcome {
         None if shared.settings.hold_unknown_outcomes => {
@@ -56,17 +69,17 @@ pub(super) async fn execute<E>(
             return (Outcome::Held, Ok(held));
         }
         None => {
-            let abandoned = abandon(&shared, &id, lease, token, Rejection::ShuttingDown).await;
-            return (Outcome::Released, Ok(abandoned));
+            let abandoned = abandon(&shared, &id, claim, token, Rejection::ShuttingDown).await;
+            return (claim.released(), Ok(abandoned));
         }
         Some(Err(_panic)) => {
             tracing::error!(key = %id.key.log_id(), "handler panicked; claim released");
-            let abandoned = abandon(&shared, &id, lease, token, Rejection::HandlerFailed).await;
-            return (Outcome::Released, Ok(abandoned));
+            let abandoned = abandon(&shared, &id, claim, token, Rejection::HandlerFailed).await;
+            return (claim.released(), Ok(abandoned));
         }
         Some(Ok(Err(e))) => {
-            settle_release(&shared, &id, lease, token).await;
-            return (Outcome::Released, Err(e));
+            settle_release(&shared, &id, claim, token).await;
+            return (claim.released(), Err(e));
         }
         Some(Ok(Ok(response))) => response,
     };
@@ -80,7 +93,13 @@ pub(super) async fn execute<E>(
     let read = if parts.extensions.get::<UnverifiedEnd>().is_some() {
         ResponseBody::NotStorable(body, NotStored::UnverifiedEnd)
     } else {
-        read_response(body, shared.settings.response_limit).await
+        beating(
+            &shared,
+            &id,
+            claim,
+            read_response(body, shared.settings.response_limit),
+        )
+        .await
     };
     let body = match read {
         ResponseBody::Whole(bytes) => bytes,
@@ -96,11 +115,11 @@ pub(super) async fn execute<E>(
                     Disposition::Fail => Some(Completion::failed(placeholder)),
                     Disposition::Complete => Some(Completion::completed(placeholder)),
                 };
-                match completion {
-                    Some(c) => complete(&shared, &id, lease, c).await,
+                match completion.map(|c| with_resource(c, &ctx)) {
+                    Some(c) => beating(&shared, &id, claim, complete(&shared, &id, claim, c)).await,
                     None => {
-                        release(&shared, &id, lease).await;
-                        Outcome::Released
+                        release(&shared, &id, claim).await;
+                        claim.released()
                     }
                 }
             };
@@ -115,8 +134,8 @@ pub(super) async fn execute<E>(
         }
         ResponseBody::Failed => {
             tracing::error!(key = %id.key.log_id(), "handler's response body failed; claim released");
-            let abandoned = abandon(&shared, &id, lease, token, Rejection::HandlerFailed).await;
-            return (Outcome::Released, Ok(abandoned));
+            let abandoned = abandon(&shared, &id, claim, token, Rejection::HandlerFailed).await;
+            return (claim.released(), Ok(abandoned));
         }
     };
 
@@ -125,13 +144,18 @@ pub(super) async fn execute<E>(
     } else {
         let stored = || to_stored(parts.status, &parts.headers, &body, &rule.extra_headers);
         match rule.policy.disposition(parts.status.as_u16()) {
+            // The lease is renewed while the completion is retried too.
             Disposition::Complete => {
-                complete(&shared, &id, lease, Completion::completed(stored())).await
+                let c = with_resource(Completion::completed(stored()), &ctx);
+                beating(&shared, &id, claim, complete(&shared, &id, claim, c)).await
             }
-            Disposition::Fail => complete(&shared, &id, lease, Completion::failed(stored())).await,
+            Disposition::Fail => {
+                let c = with_resource(Completion::failed(stored()), &ctx);
+                beating(&shared, &id, claim, complete(&shared, &id, claim, c)).await
+            }
             Disposition::Release => {
-                release(&shared, &id, lease).await;
-                Outcome::Released
+                release(&shared, &id, claim).await;
+                claim.released()
             }
         }
     };
@@ -144,6 +168,14 @@ pub(super) async fn execute<E>(
         parts.headers.remove(header::TRANSFER_ENCODING);
     }
     (outcome, Ok(Response::from_parts(parts, full(body))))
+}
+
+/// `completion` with the resource id the handler named, if it named one.
+fn with_resource(completion: Completion, ctx: &IdempotencyContext) -> Completion {
+    match ctx.resource_id() {
+        Some(id) => completion.with_resource_id(id),
+        None => completion,
+    }
 }
 
 /// A handler's response body, read up to the layer's response limit.
@@ -195,36 +227,4 @@ pub(super) async fn read_response(mut body: Body, limit: usize) -> ResponseBody 
         }
     }
     ResponseBody::Whole(first.unwrap_or_else(|| joined.freeze()))
-}
-
-/// Why an executed answer's body was not stored.
-#[derive(Debug, Clone, Copy)]
-pub(super) enum NotStored {
-    /// Over the replay limit.
-    TooLarge,
-    /// Its end could not be told from a cut ([`UnverifiedEnd`]).
-    UnverifiedEnd,
-}
-
-/// What a record keeps for a response it could not store: the original
-/// status, and a problem document saying the request was executed and
-/// where its record can be read.
-pub(super) fn not_stored(status: StatusCode, why: NotStored, limit: usize) -> StoredResponse {
-    // One title for the type (RFC 9457: a title does not change between
-    // occurrences); the detail says why.
-    let reason = match why {
-        NotStored::TooLarge => {
-            format!("its response was over the replay limit of {limit} bytes and was not kept")
-        }
-        NotStored::UnverifiedEnd => "its response ended with its connection, so a cut could not be told from the end, and it was not kept".to_owned(),
-    };
-    crate::Problem::idem(
-        status,
-        "response-not-stored",
-        "Response not stored",
-        format!(
-            "The request with this key was executed once; {reason}. Do not send it again as a new request: read GET /_idem/records/{{key}} for its status and resource id."
-        ),
-    )
-    .to_stored()
 }

@@ -2,8 +2,10 @@
 //! how a keyed request ended, and the marks an inner service puts on an
 //! answer whose outcome or end it cannot vouch for.
 
+use std::time::Duration;
+
 use http::{Request, Response};
-use idem_core::BoxFuture;
+use idem_core::{BoxFuture, Fingerprint, Lease};
 
 use crate::body::Body;
 use crate::metrics::Outcome;
@@ -34,3 +36,60 @@ pub(crate) type Call<E> =
 /// How a keyed request ended: the outcome it was counted under in
 /// `idem_requests_total`, and its answer.
 pub(crate) type Ended<T> = (Outcome, T);
+
+/// What an execution holds: its lease, the request's fingerprint (a held
+/// answer is matched against it), the lease's length (what a heartbeat
+/// extends it by), and whether its claim must outlive an end without a
+/// result.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Claimed {
+    pub(crate) lease: Lease,
+    pub(crate) fingerprint: Fingerprint,
+    pub(crate) lease_length: Duration,
+    /// An announced takeover (`Takeover::Announce`): where the claim would
+    /// be released (a transient failure, a handler error, the shutdown),
+    /// it is kept until its lease ends instead, so that the next attempt
+    /// is a takeover again and is announced too. Released, the next claim
+    /// would be a fresh one, and the operation would run unannounced
+    /// beside an earlier attempt that may have acted.
+    pub(crate) keep_claim: bool,
+}
+
+impl Claimed {
+    /// How an end without a result is counted: `released`, or `held` where
+    /// the claim is kept ([`Claimed::keep_claim`]).
+    pub(crate) fn released(&self) -> Outcome {
+        if self.keep_claim {
+            Outcome::Held
+        } else {
+            Outcome::Released
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use idem_core::{Fence, Operation, Timestamp};
+
+    /// An announced takeover that ends without a result keeps its claim:
+    /// it is counted `held`, not `released`, which would say the key can
+    /// run again at once.
+    #[test]
+    fn a_kept_claim_is_counted_held() {
+        let op = Operation::new("POST", "/p");
+        let claimed = |keep_claim| Claimed {
+            lease: Lease {
+                fence: Fence::new(1),
+                lease_until: Timestamp::from_millis(0),
+                expires_at: Timestamp::from_millis(0),
+                takeover: true,
+            },
+            fingerprint: Fingerprint::compute(&op, None, b"", &Default::default()),
+            lease_length: Duration::from_secs(30),
+            keep_claim,
+        };
+        assert_eq!(claimed(true).released(), Outcome::Held);
+        assert_eq!(claimed(false).released(), Outcome::Released);
+    }
+}

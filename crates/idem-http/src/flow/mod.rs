@@ -10,6 +10,9 @@ mod admit;
 mod claim;
 mod execute;
 mod execution;
+mod heartbeat;
+mod not_stored;
+mod release;
 mod settle;
 #[cfg(test)]
 mod tests;
@@ -20,12 +23,13 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use futures_util::FutureExt;
-use http::{Request, Response, StatusCode, header, request::Parts};
-use idem_core::{Fingerprint, RecordId};
+use http::{HeaderValue, Request, Response, StatusCode, header, request::Parts};
+use idem_core::{Fingerprint, RecordId, Takeover};
 use tracing::Instrument;
 
 use crate::body::{Body, BoxError, boxed, full};
 use crate::context::IdempotencyContext;
+use crate::key_header::IDEM_TAKEOVER;
 use crate::metrics::Outcome;
 use crate::rejection::Rejection;
 use crate::shared::Shared;
@@ -43,12 +47,22 @@ where
     B::Error: Into<BoxError>,
     E: Send + 'static,
 {
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
+    // `Idem-Takeover` is the layer's to set, never the client's: removed
+    // from every request, keyed or not.
+    parts.headers.remove(IDEM_TAKEOVER);
     let pass =
         |inner: Call<E>, parts: Parts, body: B| inner(Request::from_parts(parts, boxed(body)));
-    let Some(rule) = shared.settings.rule_for(&parts.method, parts.uri.path()) else {
+    let route = matched_route(&parts);
+    let Some(rule) = shared
+        .settings
+        .rule_for_route(&parts.method, parts.uri.path(), route)
+    else {
         return pass(inner, parts, body).await;
     };
+    if let Some(route) = route {
+        shared.note_default_route(&rule, &parts.method, route);
+    }
 
     let id = match admit::record_id(&shared, &rule, &parts) {
         admit::Admission::Keyed(id) => id,
@@ -91,7 +105,11 @@ where
     };
     // Execute in a task of our own: a client that hangs up drops this
     // future, not the handler.
-    let ctx = IdempotencyContext::new(id.clone(), lease.fence, lease.expires_at);
+    let announced = lease.takeover && rule.policy.takeover() == Takeover::Announce;
+    if announced && let Ok(key) = HeaderValue::from_str(id.key.as_str()) {
+        parts.headers.insert(IDEM_TAKEOVER, key);
+    }
+    let ctx = IdempotencyContext::new(id.clone(), lease.fence, lease.expires_at, announced);
     let mut request = Request::from_parts(parts, full(bytes));
     request.extensions_mut().insert(ctx.clone());
     // The task runs in the caller's span, so that a span of the stack
@@ -107,6 +125,7 @@ where
         ctx,
         rule,
         lease,
+        fingerprint,
     ));
     let shared_for_panic = shared.clone();
     let task = shared.tracker.spawn(
@@ -163,4 +182,19 @@ fn ended(
 ) -> Response<Body> {
     log_end(id, started, outcome, Some(response.status()));
     response
+}
+
+/// The route the router matched the request to (axum's `MatchedPath`,
+/// present under `route_layer` or inside a route), if any.
+#[cfg(feature = "axum")]
+fn matched_route(parts: &Parts) -> Option<&str> {
+    parts
+        .extensions
+        .get::<axum::extract::MatchedPath>()
+        .map(axum::extract::MatchedPath::as_str)
+}
+
+#[cfg(not(feature = "axum"))]
+fn matched_route(_: &Parts) -> Option<&str> {
+    None
 }

@@ -20,6 +20,7 @@ pub(crate) struct FileConfig {
     pub(super) ttl: Option<String>,
     pub(super) lease: Option<String>,
     pub(super) wait: Option<String>,
+    pub(super) takeover: Option<String>,
     pub(super) max_body: Option<String>,
     pub(super) min_key_len: Option<usize>,
     pub(super) key_header: Option<String>,
@@ -28,6 +29,7 @@ pub(crate) struct FileConfig {
     pub(super) require_scope: Option<bool>,
     pub(super) anonymous_reads: Option<bool>,
     pub(super) trust_forwarded: Option<bool>,
+    pub(super) accept_volatile_store: Option<bool>,
     pub(super) max_response: Option<String>,
     pub(super) replay_cache: Option<String>,
     pub(super) header_timeout: Option<String>,
@@ -56,6 +58,8 @@ pub(crate) struct FileRoute {
     pub(super) ttl: Option<String>,
     pub(super) lease: Option<String>,
     pub(super) wait: Option<String>,
+    /// `hold`, `announce` or `reexecute`; the gateway's by default.
+    pub(super) takeover: Option<String>,
     #[serde(default)]
     pub(super) fingerprint_fields: Vec<String>,
     #[serde(default)]

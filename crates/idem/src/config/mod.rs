@@ -33,8 +33,8 @@ pub(crate) use routes::RouteSettings;
 use sections::Sources;
 
 use crate::cli::ServeArgs;
-use crate::stores::StoreUrl;
 use crate::tls::{CaFile, ServerTls};
+use idem_stores::StoreUrl;
 
 /// The gateway's validated configuration.
 #[derive(Debug, Clone)]
@@ -67,6 +67,8 @@ pub(crate) struct GatewayConfig {
     pub(crate) require_scope: bool,
     pub(crate) anonymous_reads: bool,
     pub(crate) trust_forwarded: bool,
+    /// Start even when the store's durability settings lose records.
+    pub(crate) accept_volatile_store: bool,
     pub(crate) max_response: usize,
     pub(crate) replay_cache: usize,
     pub(crate) header_timeout: Duration,
@@ -122,6 +124,7 @@ impl GatewayConfig {
             ttl: policy.ttl,
             lease: policy.lease,
             wait: policy.wait,
+            takeover: policy.takeover,
             policy_ok: policy.policy.is_some(),
             upstream_timeout: upstream.timeout,
             store_timeout: store.timeout,
@@ -162,6 +165,8 @@ impl GatewayConfig {
             require_scope: args.require_scope || file.require_scope.unwrap_or(false),
             anonymous_reads: args.anonymous_reads || file.anonymous_reads.unwrap_or(false),
             trust_forwarded: args.trust_forwarded || file.trust_forwarded.unwrap_or(false),
+            accept_volatile_store: args.accept_volatile_store
+                || file.accept_volatile_store.unwrap_or(false),
             max_response: limits.max_response?,
             replay_cache: limits.replay_cache?,
             header_timeout: limits.header_timeout?,

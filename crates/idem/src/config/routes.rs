@@ -5,12 +5,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 use http::{HeaderName, Method};
-use idem_core::Policy;
+use idem_core::{Policy, Takeover};
 use idem_http::{KeyRequirement, RouteRule};
 
 use super::file::FileRoute;
 use super::problems::Problems;
-use super::values::{bounded_size, opt_duration, policy};
+use super::values::{bounded_size, opt_duration, opt_takeover, policy};
 
 /// One validated `[[route]]`, as `idem check-config` shows it: its own
 /// settings merged with the defaults it inherits.
@@ -32,6 +32,7 @@ pub(super) struct Inherited {
     pub(super) ttl: Option<Duration>,
     pub(super) lease: Option<Duration>,
     pub(super) wait: Option<Option<Duration>>,
+    pub(super) takeover: Option<Takeover>,
     /// Whether the default policy itself is valid.
     pub(super) policy_ok: bool,
     pub(super) upstream_timeout: Option<Duration>,
@@ -66,6 +67,12 @@ pub(super) fn route(
     let ttl = p.check(opt_duration(r.ttl.as_ref(), "ttl").with_context(|| what.clone()));
     let lease = p.check(opt_duration(r.lease.as_ref(), "lease").with_context(|| what.clone()));
     let wait = p.check(opt_duration(r.wait.as_ref(), "wait").with_context(|| what.clone()));
+    let takeover = p
+        .check(opt_takeover(
+            r.takeover.as_ref(),
+            &format!("{what}: takeover"),
+        ))
+        .map(|t| t.or(inherited.takeover));
 
     // The lease against the deadlines; a lease inherited was checked with
     // the gateway's own.
@@ -89,7 +96,9 @@ pub(super) fn route(
         }),
     ) {
         (Some(Some(t)), Some(Some(l)), Some(Some(w))) if inherited.policy_ok || !inherits => {
-            p.check(policy(t, l, w, &what))
+            takeover
+                .flatten()
+                .and_then(|k| p.check(policy(t, l, w, k, &what)))
         }
         _ => None,
     };

@@ -10,17 +10,17 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use http::{HeaderName, header};
-use idem_core::{KeyPolicy, Policy};
+use idem_core::{KeyPolicy, Policy, Takeover};
 
 use super::file::FileConfig;
 use super::problems::Problems;
 use super::values::{
     MAX_THREADS, address, bounded_count, bounded_duration, bounded_size, header_name, opt_duration,
-    policy, upstream_url,
+    opt_takeover, policy, upstream_url,
 };
 use crate::cli::ServeArgs;
-use crate::stores::StoreUrl;
 use crate::tls::{CaFile, ServerTls};
+use idem_stores::StoreUrl;
 
 /// Where each setting comes from: its flag (or environment variable)
 /// over the file.
@@ -168,7 +168,7 @@ pub(super) fn store(s: &Sources<'_>, p: &mut Problems) -> Store {
                 }
                 Some(url) => match read {
                     Some(ca) => p
-                        .check(url.check_ca(&ca).context("--store-ca"))
+                        .check(url.check_ca(ca.pem()).context("--store-ca"))
                         .map(|()| Some(ca)),
                     None => None,
                 },
@@ -192,6 +192,7 @@ pub(super) struct DefaultPolicy {
     pub(super) ttl: Option<Duration>,
     pub(super) lease: Option<Duration>,
     pub(super) wait: Option<Option<Duration>>,
+    pub(super) takeover: Option<Takeover>,
     pub(super) policy: Option<Policy>,
 }
 
@@ -216,6 +217,12 @@ pub(super) fn default_policy(
         ))
         .map(|d| d.unwrap_or(Duration::from_secs(30)));
     let wait = p.check(opt_duration(pick(&args.wait, &file.wait).as_ref(), "wait"));
+    let takeover = p
+        .check(opt_takeover(
+            pick(&args.takeover, &file.takeover).as_ref(),
+            "--takeover",
+        ))
+        .map(Option::unwrap_or_default);
     if let (Some(upstream_timeout), Some(store_timeout), Some(lease)) =
         (upstream_timeout, store_timeout, lease)
         && upstream_timeout + store_timeout >= lease
@@ -224,9 +231,9 @@ pub(super) fn default_policy(
             "--upstream-timeout ({upstream_timeout:?}) plus --store-timeout ({store_timeout:?}) must be shorter than --lease ({lease:?}): a request still running when its lease ends could be forwarded twice"
         ));
     }
-    let policy = match (ttl, lease, wait) {
-        (Some(ttl), Some(lease), Some(wait)) => {
-            p.check(policy(ttl, lease, wait, "--ttl/--lease/--wait"))
+    let policy = match (ttl, lease, wait, takeover) {
+        (Some(ttl), Some(lease), Some(wait), Some(takeover)) => {
+            p.check(policy(ttl, lease, wait, takeover, "--ttl/--lease/--wait"))
         }
         _ => None,
     };
@@ -234,6 +241,7 @@ pub(super) fn default_policy(
         ttl,
         lease,
         wait,
+        takeover,
         policy,
     }
 }

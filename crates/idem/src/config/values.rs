@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use http::HeaderName;
-use idem_core::{Concurrency, Policy};
+use idem_core::{Concurrency, Policy, Takeover};
 
 use crate::units::{duration, size};
 
@@ -14,13 +14,24 @@ pub(super) fn policy(
     ttl: Duration,
     lease: Duration,
     wait: Option<Duration>,
+    takeover: Takeover,
     what: &str,
 ) -> anyhow::Result<Policy> {
-    let mut b = Policy::builder().ttl(ttl).lease(lease);
+    let mut b = Policy::builder().ttl(ttl).lease(lease).takeover(takeover);
     if let Some(limit) = wait {
         b = b.concurrency(Concurrency::Wait { limit });
     }
     b.build().with_context(|| format!("{what}: invalid policy"))
+}
+
+/// A takeover policy by name (`--takeover`, a route's `takeover`).
+pub(super) fn opt_takeover(v: Option<&String>, what: &str) -> anyhow::Result<Option<Takeover>> {
+    v.map(|name| {
+        Takeover::from_name(name).ok_or_else(|| {
+            anyhow::anyhow!("{what} must be \"hold\", \"announce\" or \"reexecute\", not {name:?}")
+        })
+    })
+    .transpose()
 }
 
 pub(super) fn opt_duration(v: Option<&String>, name: &str) -> anyhow::Result<Option<Duration>> {
@@ -110,7 +121,7 @@ pub(super) fn address(v: Option<String>, name: &str, default: &str) -> anyhow::R
 /// `--upstream`: an http:// or https:// URL with a host.
 /// Never echoes the text whole: an upstream URL may carry a password.
 pub(super) fn upstream_url(text: &str) -> anyhow::Result<http::Uri> {
-    let shown = || crate::stores::redact(text);
+    let shown = || idem_stores::redact(text);
     let Ok(upstream) = text.parse::<http::Uri>() else {
         bail!("--upstream {} is not a URL", shown());
     };

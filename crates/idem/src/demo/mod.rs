@@ -16,15 +16,16 @@ mod broker;
 mod faults;
 mod plan;
 mod report;
+mod store_faults;
 
 use std::io::IsTerminal;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::exit::OrUsage;
-use crate::stores::StoreUrl;
 use anyhow::Context;
 use idem_core::Store;
 use idem_http::IdempotencyLayer;
@@ -32,13 +33,21 @@ use idem_http::IdempotencyLayer;
 use idem_ledger::PostgresLedger;
 use idem_ledger::{Ledger, SqliteLedger, router, transfer_rule};
 use idem_retry::{Backoff, CallSpec, Retrier, RetryBudget, RetryError, RetryPolicy, Stop};
+use idem_stores::StoreUrl;
+use tokio_util::sync::CancellationToken;
 
 use crate::cli::DemoArgs;
 use faults::{FaultRates, FrontStats};
 use plan::{Plan, START_BALANCE, plans};
 use report::{Intent, Report};
+use store_faults::{FaultyStore, Reopen};
 
 const CLIENT_TIMEOUT: Duration = Duration::from_millis(800);
+/// The layer's store timeout with --store-faults: shorter than the freeze,
+/// so that a frozen call is given up (503) rather than waited out, and
+/// long enough that a slow but working store (an fsync on a loaded
+/// machine) is not given up on after its claim landed.
+const STORE_TIMEOUT_UNDER_FAULTS: Duration = Duration::from_secs(1);
 
 /// Runs the demo. The rates and counts in `args` were checked by clap.
 pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
@@ -80,28 +89,43 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
             let ledger = SqliteLedger::open(&path).context("cannot open the demo ledger")?;
             let store = ledger.store().clone();
             eprintln!("idem demo: ledger on SQLite in {}", dir.path().display());
-            mode.dispatch(Arc::new(ledger), store, format!("sqlite:{}", path.display()))
+            let arg = format!("sqlite:{}", path.display());
+            mode.dispatch(Arc::new(ledger), store, arg, reopen_sqlite(path))
                 .await
         }
         Some(StoreUrl::Sqlite(path)) => {
             let ledger = SqliteLedger::open(path).context("cannot open the demo ledger")?;
             let store = ledger.store().clone();
-            mode.dispatch(Arc::new(ledger), store, format!("sqlite:{}", path.display()))
+            let arg = format!("sqlite:{}", path.display());
+            mode.dispatch(Arc::new(ledger), store, arg, reopen_sqlite(path.clone()))
                 .await
         }
         #[cfg(feature = "postgres")]
         Some(url @ StoreUrl::Postgres(conn)) => {
             let schema = mode.queue.replace('-', "_");
-            let store = idem_postgres::PostgresStore::builder(conn)
-                .schema(schema)
-                .pool_size(16)
-                .connect()
+            let open = {
+                let (conn, schema) = (conn.clone(), schema.clone());
+                move || {
+                    idem_postgres::PostgresStore::builder(conn.clone())
+                        .schema(schema.clone())
+                        .pool_size(16)
+                        .connect()
+                }
+            };
+            let store = open()
                 .await
                 .with_context(|| format!("cannot reach {url}"))?;
             let ledger = PostgresLedger::new(store.clone())
                 .await
                 .context("cannot create the demo ledger")?;
-            let code = mode.dispatch(Arc::new(ledger), store.clone(), conn.clone()).await;
+            // --store-faults: a new pool on the same schema.
+            let reopen: Reopen = Box::new(move || {
+                let connect = open();
+                Box::pin(async move { Ok(Arc::new(connect.await?) as Arc<dyn Store>) })
+            });
+            let code = mode
+                .dispatch(Arc::new(ledger), store.clone(), conn.clone(), reopen)
+                .await;
             // Only the process that made the schema drops it: a consumer
             // child shares its parent's.
             if args.consumer.is_none() {
@@ -115,16 +139,29 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         #[cfg(feature = "mysql")]
         Some(url @ StoreUrl::Mysql(conn)) => {
             let database = mode.queue.replace('-', "_");
-            let store = idem_mysql::MysqlStore::builder(conn)
-                .database(database)
-                .pool_size(16)
-                .connect()
+            let open = {
+                let (conn, database) = (conn.clone(), database.clone());
+                move || {
+                    idem_mysql::MysqlStore::builder(conn.clone())
+                        .database(database.clone())
+                        .pool_size(16)
+                        .connect()
+                }
+            };
+            let store = open()
                 .await
                 .with_context(|| format!("cannot reach {url}"))?;
             let ledger = idem_ledger::MysqlLedger::new(store.clone())
                 .await
                 .context("cannot create the demo ledger")?;
-            let code = mode.dispatch(Arc::new(ledger), store.clone(), conn.clone()).await;
+            // --store-faults: a new pool on the same database.
+            let reopen: Reopen = Box::new(move || {
+                let connect = open();
+                Box::pin(async move { Ok(Arc::new(connect.await?) as Arc<dyn Store>) })
+            });
+            let code = mode
+                .dispatch(Arc::new(ledger), store.clone(), conn.clone(), reopen)
+                .await;
             // Only the process that made the database drops it: a consumer
             // child shares its parent's.
             if args.consumer.is_none() {
@@ -142,6 +179,18 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// Opens the SQLite store at `path` again (`--store-faults`' restart).
+fn reopen_sqlite(path: PathBuf) -> Reopen {
+    Box::new(move || {
+        let path = path.clone();
+        Box::pin(async move {
+            let store = tokio::task::spawn_blocking(move || idem_sqlite::SqliteStore::open(&path))
+                .await??;
+            Ok(Arc::new(store) as Arc<dyn Store>)
+        })
+    })
+}
+
 /// What the demo runs: over HTTP, or through a broker as the parent or a
 /// consumer child.
 struct Mode<'a> {
@@ -156,9 +205,10 @@ impl Mode<'_> {
         ledger: Arc<L>,
         store: S,
         store_arg: String,
+        reopen: Reopen,
     ) -> anyhow::Result<ExitCode> {
         match (&self.broker, &self.args.consumer) {
-            (None, _) => drive(ledger, store, self.args).await,
+            (None, _) => drive(ledger, store, reopen, self.args).await,
             (Some(url), None) if self.args.bench => {
                 broker::run_bench(url, &self.queue, ledger, Arc::new(store), self.args).await
             }
@@ -190,6 +240,7 @@ impl Mode<'_> {
 async fn drive<L: Ledger>(
     ledger: Arc<L>,
     store: impl Store,
+    reopen: Reopen,
     args: &DemoArgs,
 ) -> anyhow::Result<ExitCode> {
     let accounts = args.clients.max(16);
@@ -198,9 +249,24 @@ async fn drive<L: Ledger>(
         .await
         .context("cannot seed accounts")?;
     let initial = ledger.total().await.context("cannot read the total")?;
-    let layer = IdempotencyLayer::builder(store)
-        .route(transfer_rule())
-        .build();
+    // --store-faults: the layer's store behind the freeze and the restart,
+    // and a store timeout the freeze outlasts and the client does not.
+    let (layer_store, faulty): (Arc<dyn Store>, _) = if args.store_faults {
+        let faulty = Arc::new(FaultyStore::new(Arc::new(store), reopen));
+        (faulty.clone(), Some(faulty))
+    } else {
+        (Arc::new(store), None)
+    };
+    let mut builder = IdempotencyLayer::builder_shared(layer_store).route(transfer_rule());
+    if faulty.is_some() {
+        builder = builder.store_timeout(STORE_TIMEOUT_UNDER_FAULTS);
+    }
+    let layer = builder.build();
+    // The watch reads the store's epoch through the faults: a durable
+    // store restarted keeps it, and a loss noticed fails the run.
+    let watch = faulty.as_ref().map(|_| layer.handle().store_watch());
+    let stop_watch = CancellationToken::new();
+    let watching = watch.clone().map(|w| w.spawn(stop_watch.clone()));
     let stats = Arc::new(FrontStats::default());
     let rates = FaultRates {
         drop: args.drop_rate,
@@ -243,6 +309,15 @@ async fn drive<L: Ledger>(
         args.intents,
         std::io::stderr().is_terminal(),
     ));
+    let stop_faults = CancellationToken::new();
+    let schedule = faulty.clone().map(|f| {
+        tokio::spawn(store_faults::schedule(
+            f,
+            done.clone(),
+            args.intents,
+            stop_faults.clone(),
+        ))
+    });
 
     let workers: Vec<_> = (0..args.clients)
         .map(|_| {
@@ -271,6 +346,12 @@ async fn drive<L: Ledger>(
         intents.extend(w.await.context("a client task failed")?);
     }
     progress.abort();
+    // A phase begun runs to its end; one not begun is skipped.
+    stop_faults.cancel();
+    let phases = match schedule {
+        Some(s) => Some(s.await.context("the store-fault schedule failed")??),
+        None => None,
+    };
     let elapsed = started.elapsed();
 
     // Calls that ended without an answer are resolved with their keys.
@@ -291,6 +372,16 @@ async fn drive<L: Ledger>(
 
     let mut report = Report::new(intents, &stats, elapsed);
     report.check(&*ledger, initial).await?;
+    if let (Some(faulty), Some(phases), Some(watch)) = (faulty, phases, watch) {
+        // One last check, after the run, with the loop stopped (one check
+        // at a time: their answers are compared in order).
+        stop_watch.cancel();
+        if let Some(w) = watching {
+            w.await.context("the store watch failed")?;
+        }
+        let last = watch.check_once().await.map(|_| ());
+        report.store_faults(faulty.summary(phases), last);
+    }
     report.print(args);
     Ok(if report.ok() {
         ExitCode::SUCCESS

@@ -8,6 +8,7 @@ use std::time::Duration;
 use idem_ledger::Ledger;
 
 use super::faults::FrontStats;
+use super::store_faults::Summary;
 use crate::cli::DemoArgs;
 
 /// What became of one intent.
@@ -85,6 +86,7 @@ pub(crate) struct Report {
     slowed: u64,
     elapsed: Duration,
     checks: Vec<Check>,
+    store_faults: Option<Summary>,
 }
 
 impl Report {
@@ -103,6 +105,7 @@ impl Report {
             slowed: get(&s.slowed),
             elapsed,
             checks: Vec::new(),
+            store_faults: None,
         }
     }
 
@@ -208,6 +211,57 @@ impl Report {
         Ok(())
     }
 
+    /// `--store-faults`: what the schedule did, and one more invariant: the
+    /// store's epoch showed no loss (`last`: the check after the run).
+    pub(crate) fn store_faults(
+        &mut self,
+        summary: Summary,
+        last: Result<(), idem_core::StoreError>,
+    ) {
+        let (ok, detail) = match (&last, summary.losses.first()) {
+            (_, Some(loss)) => (false, loss.clone()),
+            (Err(e), None) => (false, format!("the last epoch check failed: {e}")),
+            (Ok(()), None) => (
+                true,
+                format!("{} epoch checks, no loss noticed", summary.checks),
+            ),
+        };
+        self.record("store kept its records", ok, detail);
+        self.store_faults = Some(summary);
+    }
+
+    fn print_store_faults(s: &Summary) {
+        let phase = |p: Option<(usize, Duration)>| match p {
+            Some((at, d)) => format!("{:.2} s, from {at} intents done", d.as_secs_f64()),
+            None => "not reached (the run ended first)".to_owned(),
+        };
+        let rows = [
+            ("freeze", phase(s.freeze)),
+            (
+                "  calls delayed",
+                format!(
+                    "{} ({} given up before the thaw: 503 or client gone)",
+                    s.delayed, s.gave_up
+                ),
+            ),
+            ("restart (closed, reopened)", phase(s.restart)),
+            ("  calls failed (unavailable)", s.failed.to_string()),
+            (
+                "epoch",
+                if s.losses.is_empty() {
+                    format!("no loss noticed ({} checks)", s.checks)
+                } else {
+                    format!("LOSS NOTICED: {}", s.losses.join("; "))
+                },
+            ),
+        ];
+        println!("\nstore faults:");
+        let w = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+        for (k, v) in &rows {
+            println!("  {k:<w$}  {v}");
+        }
+    }
+
     pub(crate) fn print(&self, args: &DemoArgs) {
         let mut latencies: Vec<Duration> = self.intents.iter().map(|i| i.latency).collect();
         latencies.sort();
@@ -275,6 +329,9 @@ impl Report {
         let w = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
         for (k, v) in &rows {
             println!("  {k:<w$}  {v}");
+        }
+        if let Some(s) = &self.store_faults {
+            Report::print_store_faults(s);
         }
         println!("\ninvariants:");
         for c in &self.checks {

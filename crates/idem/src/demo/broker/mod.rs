@@ -50,7 +50,7 @@ impl BrokerUrl {
         } else {
             bail!(
                 "--broker must be nats://HOST:PORT or amqp://USER:PASS@HOST:PORT/VHOST, not {}",
-                crate::stores::redact(url)
+                idem_stores::redact(url)
             )
         }
     }

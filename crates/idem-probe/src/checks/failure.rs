@@ -1,0 +1,123 @@
+//! Failures: a deterministic 4xx of the operation is stored and replayed;
+//! a transient one (5xx, 429) is not, so the key can be used again.
+
+use std::sync::Mutex;
+
+use super::common::Finding;
+use crate::report::Verdict;
+use crate::runner::{Probe, Req};
+
+/// `deterministic-failure-replayed`: `--failing-body` twice with one key.
+pub(crate) async fn deterministic_replayed(probe: &Probe) -> Finding {
+    let Some(body) = probe.target.failing_body.clone() else {
+        return Finding::new(
+            Verdict::NotApplicable,
+            "needs --failing-body (a body the operation refuses with a 4xx)",
+        );
+    };
+    let ev = Mutex::default();
+    let req = Req {
+        body,
+        ..probe.req(Some(probe.key()))
+    };
+    let first = match probe.send(&req, &ev).await {
+        Ok(a) => a,
+        Err(e) => return Finding::with(Verdict::CouldNotTell, e, ev),
+    };
+    if !first.is_refusal() {
+        return Finding::with(
+            Verdict::CouldNotTell,
+            format!(
+                "--failing-body was answered {}, not a deterministic 4xx",
+                first.status
+            ),
+            ev,
+        );
+    }
+    let second = match probe.send(&req, &ev).await {
+        Ok(a) => a,
+        Err(e) => return Finding::with(Verdict::CouldNotTell, e, ev),
+    };
+    // The same answer first: a failure that is itself a 409 (a business
+    // conflict) is rightly answered 409 again.
+    let (verdict, reason) = if second.same_as(&first) && second.marked_replay() {
+        (
+            Verdict::Pass,
+            format!("{} replayed and marked", first.status),
+        )
+    } else if second.same_as(&first) {
+        (
+            Verdict::Pass,
+            format!(
+                "the retry got the same {} (not marked as a replay)",
+                first.status
+            ),
+        )
+    } else if second.status == 409 {
+        (
+            Verdict::Fail,
+            "the retry got 409: the failure was not stored as an answer".to_owned(),
+        )
+    } else {
+        (
+            Verdict::Fail,
+            format!("the retry got {} after {}", second.status, first.status),
+        )
+    };
+    Finding::with(verdict, reason, ev)
+}
+
+/// `transient-failure-not-stored`: `--transient-body` with a key, then the
+/// good body with the same key must execute.
+pub(crate) async fn transient_not_stored(probe: &Probe) -> Finding {
+    let Some(body) = probe.target.transient_body.clone() else {
+        return Finding::new(
+            Verdict::NotApplicable,
+            "needs --transient-body (a body the operation fails with a 5xx or 429)",
+        );
+    };
+    let ev = Mutex::default();
+    let good = probe.req(Some(probe.key()));
+    let failing = Req {
+        body,
+        ..good.clone()
+    };
+    let first = match probe.send(&failing, &ev).await {
+        Ok(a) => a,
+        Err(e) => return Finding::with(Verdict::CouldNotTell, e, ev),
+    };
+    if !(first.status >= 500 || first.status == 429 || first.status == 408) {
+        return Finding::with(
+            Verdict::CouldNotTell,
+            format!(
+                "--transient-body was answered {}, not a 5xx, 408 or 429",
+                first.status
+            ),
+            ev,
+        );
+    }
+    let second = match probe.send(&good, &ev).await {
+        Ok(a) => a,
+        Err(e) => return Finding::with(Verdict::CouldNotTell, e, ev),
+    };
+    let (verdict, reason) = if second.is_success() {
+        (
+            Verdict::Pass,
+            "the key was released: the next request with it executed".to_owned(),
+        )
+    } else if second.same_as(&first) {
+        (
+            Verdict::Fail,
+            format!("the transient {} was stored and replayed", first.status),
+        )
+    } else {
+        (
+            Verdict::Fail,
+            format!(
+                "the key stayed bound to the failed request: the next got {}",
+                second.status
+            ),
+        )
+    };
+    Finding::with(verdict, reason, ev)
+}

@@ -1,0 +1,371 @@
+//! What is probed: the request (URL, method, body, headers), the
+//! credentials, and the parsers of the user's input. Secrets are kept
+//! here and redacted by [`Redactor`] wherever they would be shown.
+
+use crate::error::Error;
+
+/// One header given as `Name: value`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Header {
+    /// The header's name as given (compared case-insensitively).
+    pub name: String,
+    /// Its value.
+    pub value: String,
+}
+
+impl std::fmt::Debug for Header {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // A Debug print never shows a value: it may be a credential.
+        write!(f, "{}: <redacted>", self.name)
+    }
+}
+
+impl std::str::FromStr for Header {
+    type Err = Error;
+
+    /// Parses `Name: value`. Fails ([`crate::ErrorKind::Input`]) without a
+    /// colon, with an empty or invalid name, or a value with control
+    /// characters.
+    fn from_str(text: &str) -> Result<Header, Error> {
+        parse_header(text)
+    }
+}
+
+/// Parses `Name: value` (the value is trimmed). Fails
+/// ([`crate::ErrorKind::Input`]) without a colon, with an empty name, a name
+/// that is not an HTTP token, or a value reqwest would refuse.
+pub fn parse_header(text: &str) -> Result<Header, Error> {
+    let Some((name, value)) = text.split_once(':') else {
+        return Err(Error::input(format!(
+            "header {:?} is not `Name: value`",
+            shorten(text)
+        )));
+    };
+    let name = name.trim();
+    if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
+        return Err(Error::input(format!(
+            "header name {:?} is not a valid HTTP header name",
+            shorten(name)
+        )));
+    }
+    let value = value.trim();
+    if reqwest::header::HeaderValue::from_str(value).is_err() {
+        return Err(Error::input(format!(
+            "the value of header {name} has characters HTTP does not allow"
+        )));
+    }
+    Ok(Header {
+        name: name.to_owned(),
+        value: value.to_owned(),
+    })
+}
+
+/// Parses a credential given as `Name: value`, as [`parse_header`] does,
+/// but a refusal never shows the text: it is a secret, and a mistake in
+/// it (no `Name:`) would otherwise print the token into a CI log.
+pub fn parse_credential(text: &str) -> Result<Header, Error> {
+    parse_header(text).map_err(|_| {
+        Error::input(
+            "a credential must be `Name: value` with a valid header name and value (not shown: it is a secret)",
+        )
+    })
+}
+
+/// Parses a body argument: `@path` reads the file (any bytes), anything
+/// else must be JSON. Fails with [`crate::ErrorKind::File`] on an unreadable
+/// file and [`crate::ErrorKind::Input`] on text that is not JSON.
+pub fn parse_body(text: &str) -> Result<Vec<u8>, Error> {
+    if let Some(path) = text.strip_prefix('@') {
+        return std::fs::read(path).map_err(|e| Error::file(path, e));
+    }
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(_) => Ok(text.as_bytes().to_vec()),
+        Err(e) => Err(Error::input(format!(
+            "body is neither @file nor JSON ({e})"
+        ))),
+    }
+}
+
+/// Checks a JSON pointer (RFC 6901): empty, or `/` followed by reference
+/// tokens where `~` is only `~0` or `~1`. Fails with
+/// [`crate::ErrorKind::Input`].
+pub fn parse_pointer(text: &str) -> Result<String, Error> {
+    if !text.is_empty() && !text.starts_with('/') {
+        return Err(Error::input(format!(
+            "JSON pointer {:?} must be empty or start with /",
+            shorten(text)
+        )));
+    }
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '~' && !matches!(chars.next(), Some('0' | '1')) {
+            return Err(Error::input(format!(
+                "JSON pointer {:?}: `~` must be followed by 0 or 1",
+                shorten(text)
+            )));
+        }
+    }
+    Ok(text.to_owned())
+}
+
+/// Parses an absolute `http://` URL. Fails with [`crate::ErrorKind::Input`],
+/// also for `https://` (no TLS client in this build yet).
+pub fn parse_url(text: &str) -> Result<reqwest::Url, Error> {
+    let url = reqwest::Url::parse(text)
+        .map_err(|e| Error::input(format!("URL {:?}: {e}", shorten(text))))?;
+    if url.scheme() == "https" {
+        return Err(Error::input(format!(
+            "URL {:?}: https:// is not supported yet (this build has no TLS client)",
+            shorten(text)
+        )));
+    }
+    if url.scheme() != "http" || url.host_str().is_none() {
+        return Err(Error::input(format!(
+            "URL {:?} must be http:// with a host",
+            shorten(text)
+        )));
+    }
+    Ok(url)
+}
+
+fn shorten(text: &str) -> String {
+    text.chars().take(60).collect()
+}
+
+/// The request every check sends, with variations.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// The mutation's URL.
+    pub url: reqwest::Url,
+    /// Its method (default `POST`).
+    pub method: reqwest::Method,
+    /// The body that succeeds (the probe varies it).
+    pub body: Vec<u8>,
+    /// Headers sent on every request (`Content-Type: application/json` is
+    /// added unless one is given).
+    pub headers: Vec<Header>,
+    /// The caller's credential, redacted everywhere.
+    pub credential: Option<Header>,
+    /// A second tenant's credential, redacted everywhere (for
+    /// `key-scoped-to-credential`).
+    pub second_credential: Option<Header>,
+    /// A body the operation refuses with a deterministic 4xx.
+    pub failing_body: Option<Vec<u8>>,
+    /// A body the operation fails with a transient 5xx or 429.
+    pub transient_body: Option<Vec<u8>>,
+    /// The key header's name (default `Idempotency-Key`).
+    pub key_header: String,
+    /// Another URL that accepts the same body, for `key-bound-to-path`
+    /// (default: the URL with `/idem-probe-other` appended, which a router
+    /// usually answers 404 before reading the key).
+    pub other_url: Option<reqwest::Url>,
+}
+
+impl Target {
+    /// A target with the defaults: `POST`, no extra headers, no
+    /// credentials, `Idempotency-Key`.
+    pub fn new(url: reqwest::Url, body: Vec<u8>) -> Target {
+        Target {
+            url,
+            method: reqwest::Method::POST,
+            body,
+            headers: Vec::new(),
+            credential: None,
+            second_credential: None,
+            failing_body: None,
+            transient_body: None,
+            key_header: "Idempotency-Key".to_owned(),
+            other_url: None,
+        }
+    }
+
+    /// Refuses `--header`s the probe must set itself, or that would send
+    /// a request other than the one described: the key header (a fixed
+    /// key would be reused by every check and every run), the
+    /// credentials' headers, and the framing headers.
+    ///
+    /// # Errors
+    /// [`crate::ErrorKind::Input`], naming the header.
+    pub fn check(&self) -> Result<(), Error> {
+        let reserved = |name: &str| {
+            name.eq_ignore_ascii_case(&self.key_header)
+                || ["host", "content-length", "transfer-encoding", "connection"]
+                    .iter()
+                    .any(|r| name.eq_ignore_ascii_case(r))
+                || self
+                    .credential
+                    .iter()
+                    .chain(&self.second_credential)
+                    .any(|c| name.eq_ignore_ascii_case(&c.name))
+        };
+        match self.headers.iter().find(|h| reserved(&h.name)) {
+            Some(h) => Err(Error::input(format!(
+                "--header {}: the probe sets this header itself (the key is fresh for every check; credentials go in --credential)",
+                h.name
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// The redactor for this target's secrets.
+    pub fn redactor(&self) -> Redactor {
+        let mut secrets = Vec::new();
+        let mut secret_value = |value: &str| {
+            secrets.push(value.to_owned());
+            // The token alone, after an auth scheme (`Bearer <token>`):
+            // a server may echo it without the scheme.
+            if let Some((_, token)) = value.split_once(' ') {
+                let token = token.trim();
+                if token.len() >= 8 {
+                    secrets.push(token.to_owned());
+                }
+            }
+        };
+        for h in self.credential.iter().chain(&self.second_credential) {
+            secret_value(&h.value);
+        }
+        for h in &self.headers {
+            if is_sensitive(&h.name) {
+                secret_value(&h.value);
+            }
+        }
+        for url in std::iter::once(&self.url).chain(&self.other_url) {
+            for (name, value) in url.query_pairs() {
+                if is_sensitive_query(&name) {
+                    secrets.push(value.into_owned());
+                }
+            }
+        }
+        if let Some(p) = self.url.password() {
+            secrets.push(p.to_owned());
+        }
+        secrets.retain(|s| s.len() >= 3);
+        // Longest first, so a secret containing another is hidden whole.
+        secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        Redactor { secrets }
+    }
+}
+
+/// Header names whose values are secrets even outside `--credential`.
+pub(crate) fn is_sensitive(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    matches!(
+        name.as_str(),
+        "authorization" | "proxy-authorization" | "cookie" | "set-cookie"
+    ) || name.contains("token")
+        || name.contains("secret")
+        || name.contains("api-key")
+        || name.contains("apikey")
+}
+
+/// Query parameter names whose values are secrets (`?api_key=`,
+/// `?access_token=`, `?signature=`).
+pub(crate) fn is_sensitive_query(name: &str) -> bool {
+    let name = name.to_ascii_lowercase().replace('_', "-");
+    is_sensitive(&name)
+        || name == "key"
+        || name.ends_with("-key")
+        || name.contains("signature")
+        || name.contains("password")
+        || name == "sig"
+}
+
+/// Replaces every secret with `<redacted>` in text shown to the user.
+#[derive(Clone, Default)]
+pub struct Redactor {
+    secrets: Vec<String>,
+}
+
+impl std::fmt::Debug for Redactor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Redactor({} secrets)", self.secrets.len())
+    }
+}
+
+impl Redactor {
+    /// `text` with every secret replaced.
+    pub fn redact(&self, text: &str) -> String {
+        let mut out = text.to_owned();
+        for s in &self.secrets {
+            if out.contains(s.as_str()) {
+                out = out.replace(s.as_str(), "<redacted>");
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_parse_and_refuse() {
+        let h = parse_header("Authorization:  Bearer abc ").unwrap();
+        assert_eq!(
+            (h.name.as_str(), h.value.as_str()),
+            ("Authorization", "Bearer abc")
+        );
+        assert!(parse_header("no colon").is_err());
+        assert!(parse_header(": value").is_err());
+        assert!(parse_header("Bad Name: v").is_err());
+        assert!(format!("{h:?}").contains("<redacted>"));
+    }
+
+    #[test]
+    fn pointers() {
+        assert!(parse_pointer("").is_ok());
+        assert!(parse_pointer("/a/~0b/~1c").is_ok());
+        assert!(parse_pointer("a").is_err());
+        assert!(parse_pointer("/a~2").is_err());
+        assert!(parse_pointer("/a~").is_err());
+    }
+
+    #[test]
+    fn secrets_are_redacted() {
+        let mut t = Target::new(parse_url("http://u:pw123@h/x").unwrap(), b"{}".to_vec());
+        t.credential = Some(parse_header("Authorization: Bearer s3cret").unwrap());
+        let r = t.redactor();
+        assert_eq!(
+            r.redact("a Bearer s3cret b pw123"),
+            "a <redacted> b <redacted>"
+        );
+    }
+
+    /// A fixed key, a repeated credential header or a framing header in
+    /// `--header` is refused: the probe sets those itself.
+    #[test]
+    fn headers_the_probe_sets_are_refused() {
+        let url = parse_url("http://127.0.0.1:1/pay").unwrap();
+        let mut t = Target::new(url, b"{}".to_vec());
+        t.credential = Some(parse_credential("Authorization: Bearer abcdefgh123").unwrap());
+        for name in ["idempotency-key", "AUTHORIZATION", "Host", "content-length"] {
+            t.headers = vec![parse_header(&format!("{name}: x")).unwrap()];
+            assert!(t.check().is_err(), "{name} accepted");
+        }
+        t.headers = vec![parse_header("X-Tenant: a").unwrap()];
+        assert!(t.check().is_ok());
+    }
+
+    /// A malformed credential's refusal never shows the credential.
+    #[test]
+    fn a_bad_credential_is_not_echoed() {
+        let e = parse_credential("eyJhbGciOiJIUzI1NiJ9.secret-token-value").unwrap_err();
+        assert!(!e.to_string().contains("secret-token"), "{e}");
+        let e = parse_credential("Authorization Bearer a:b-secret").unwrap_err();
+        assert!(!e.to_string().contains("b-secret"), "{e}");
+    }
+
+    /// The token after an auth scheme, and secret query parameters, are
+    /// redacted on their own too.
+    #[test]
+    fn tokens_alone_and_query_secrets_are_redacted() {
+        let url = parse_url("http://127.0.0.1:1/pay?api_key=qk-123456&x=1").unwrap();
+        let mut t = Target::new(url, b"{}".to_vec());
+        t.credential = Some(parse_credential("Authorization: Bearer tok-abcdefgh").unwrap());
+        let r = t.redactor();
+        assert_eq!(r.redact("echo tok-abcdefgh"), "echo <redacted>");
+        assert_eq!(r.redact("key qk-123456"), "key <redacted>");
+        assert!(!crate::runner::redacted_url(&t.url).contains("qk-123456"));
+    }
+}

@@ -1,0 +1,170 @@
+//! Each planted defect is reported by the check named for it and by no
+//! other; the reference server passes every check.
+#![allow(clippy::unwrap_used)] // a test crate: a panic is a failed assertion
+
+mod support;
+
+use idem_probe::{Detection, Options, Probe, Report, Target, Verdict, parse_header, parse_url};
+use support::{Defect, serve};
+
+async fn probe(defect: Defect, effect: bool) -> Report {
+    let base = serve(defect).await;
+    let mut target = Target::new(
+        parse_url(&format!("{base}/orders")).unwrap(),
+        br#"{"sku":"A1","qty":1}"#.to_vec(),
+    );
+    target.credential = Some(parse_header("Authorization: Bearer tenant-one-secret").unwrap());
+    target.second_credential =
+        Some(parse_header("Authorization: Bearer tenant-two-secret").unwrap());
+    target.failing_body = Some(br#"{"fail":422}"#.to_vec());
+    target.transient_body = Some(br#"{"fail":503}"#.to_vec());
+    let detection = Detection {
+        id_pointer: Some("/id".to_owned()),
+        effect_url: effect.then(|| parse_url(&format!("{base}/count")).unwrap()),
+        effect_pointer: "/count".to_owned(),
+    };
+    let options = Options {
+        pause: std::time::Duration::ZERO,
+        ..Options::default()
+    };
+    Probe::new(target, detection, options).unwrap().run().await
+}
+
+fn verdicts(report: &Report) -> String {
+    report
+        .checks
+        .iter()
+        .map(|c| format!("{}: {:?} ({})", c.name, c.verdict, c.reason))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The check `name` fails and no other check fails.
+async fn only(defect: Defect, name: &str) {
+    let report = probe(defect, false).await;
+    let all = verdicts(&report);
+    let failed: Vec<_> = report
+        .checks
+        .iter()
+        .filter(|c| c.verdict == Verdict::Fail)
+        .map(|c| c.name)
+        .collect();
+    assert_eq!(failed, [name], "{defect:?}:\n{all}");
+    assert!(!report.passed(), "{all}");
+    // No secret reaches any output.
+    for text in [report.to_text(false), report.to_json(), report.to_junit()] {
+        assert!(!text.contains("tenant-one-secret") && !text.contains("tenant-two-secret"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reference_server_passes_every_check() {
+    for effect in [false, true] {
+        let report = probe(Defect::Correct, effect).await;
+        let all = verdicts(&report);
+        assert!(
+            report.checks.iter().all(|c| c.verdict == Verdict::Pass),
+            "effect {effect}:\n{all}"
+        );
+        assert!(report.passed());
+        assert!(report.requests_sent <= 40, "{}", report.requests_sent);
+        // One execution per success that was meant to execute: retry, body,
+        // path, query, credential (two), big number, reformatted,
+        // concurrency, in flight, transient.
+        assert!(report.mutations.is_some(), "{all}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_not_bound_to_the_path_fails_key_bound_to_path() {
+    only(Defect::PathUnbound, "key-bound-to-path").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_url_is_used_for_key_bound_to_path() {
+    let base = serve(Defect::PathUnbound).await;
+    let mut target = Target::new(
+        parse_url(&format!("{base}/orders")).unwrap(),
+        br#"{"sku":"A1"}"#.to_vec(),
+    );
+    target.other_url = Some(parse_url(&format!("{base}/carts/7/orders")).unwrap());
+    let detection = Detection {
+        id_pointer: Some("/id".to_owned()),
+        ..Detection::default()
+    };
+    let options = Options {
+        pause: std::time::Duration::ZERO,
+        skip: vec!["concurrent-duplicates-execute-once".to_owned()],
+        ..Options::default()
+    };
+    let report = Probe::new(target, detection, options).unwrap().run().await;
+    let path = report
+        .checks
+        .iter()
+        .find(|c| c.name == "key-bound-to-path")
+        .unwrap();
+    assert_eq!(path.verdict, Verdict::Fail, "{}", verdicts(&report));
+    assert!(
+        path.evidence
+            .iter()
+            .any(|e| e.request.contains("/carts/7/orders"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn merged_tenants_fail_key_scoped_to_credential() {
+    only(Defect::TenantsMerged, "key-scoped-to-credential").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_racy_check_then_insert_fails_concurrent_duplicates_execute_once() {
+    only(Defect::Racy, "concurrent-duplicates-execute-once").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_201_replayed_as_200_fails_retry_replays_response() {
+    only(Defect::CreatedAsOk, "retry-replays-response").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cached_5xx_fails_transient_failure_not_stored() {
+    only(Defect::TransientCached, "transient-failure-not-stored").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_optional_key_fails_key_required() {
+    only(Defect::KeyOptional, "key-required").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn skipped_checks_are_not_applicable_and_unknown_names_refused() {
+    let base = serve(Defect::Correct).await;
+    let target = Target::new(
+        parse_url(&format!("{base}/orders")).unwrap(),
+        b"{}".to_vec(),
+    );
+    let options = Options {
+        skip: vec!["no-such-check".to_owned()],
+        ..Options::default()
+    };
+    let err = Probe::new(target.clone(), Detection::default(), options).unwrap_err();
+    assert!(err.is_usage());
+    let options = Options {
+        skip: idem_probe::CHECKS
+            .iter()
+            .map(|c| c.name.to_owned())
+            .collect(),
+        ..Options::default()
+    };
+    let report = Probe::new(target, Detection::default(), options)
+        .unwrap()
+        .run()
+        .await;
+    assert_eq!(report.requests_sent, 0);
+    assert!(
+        report
+            .checks
+            .iter()
+            .all(|c| c.verdict == Verdict::NotApplicable)
+    );
+}

@@ -1,0 +1,91 @@
+//! Opening the store a [`StoreUrl`] names.
+
+use std::sync::Arc;
+
+use idem_core::{MemoryStore, Store, StoreError};
+
+use crate::url::StoreUrl;
+
+/// Why a store could not be opened: its message names the store (without
+/// its password), its source says why.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenError {
+    /// An SQLite file that could not be opened, created or migrated.
+    #[error("cannot open store {url}")]
+    Open {
+        /// The store, as shown.
+        url: String,
+        /// The store's error.
+        #[source]
+        source: StoreError,
+    },
+    /// A network store that could not be reached, or whose schema could
+    /// not be created.
+    #[error("cannot reach store {url}")]
+    Unreachable {
+        /// The store, as shown (password redacted).
+        url: String,
+        /// The store's error.
+        #[source]
+        source: StoreError,
+    },
+}
+
+impl StoreUrl {
+    /// Opens (or connects to) the store, creating or migrating its schema;
+    /// `ca_pem` replaces the system's roots for a TLS connection to it
+    /// (network stores only; see [`StoreUrl::check_ca`]).
+    pub async fn open(&self, ca_pem: Option<&[u8]>) -> Result<Arc<dyn Store>, OpenError> {
+        #[cfg(not(any(feature = "postgres", feature = "redis")))]
+        let _ = ca_pem;
+        Ok(match self {
+            StoreUrl::Memory => Arc::new(MemoryStore::new()),
+            StoreUrl::Sqlite(path) => {
+                Arc::new(idem_sqlite::SqliteStore::open(path).map_err(|source| {
+                    OpenError::Open {
+                        url: self.to_string(),
+                        source,
+                    }
+                })?)
+            }
+            #[cfg(feature = "postgres")]
+            StoreUrl::Postgres(url) => Arc::new(
+                ca_pem
+                    .into_iter()
+                    .fold(idem_postgres::PostgresStore::builder(url), |b, ca| {
+                        b.ca_pem(ca.to_vec())
+                    })
+                    .connect()
+                    .await
+                    .map_err(|source| self.unreachable(source))?,
+            ),
+            #[cfg(feature = "redis")]
+            StoreUrl::Redis(url) => Arc::new(
+                ca_pem
+                    .into_iter()
+                    .fold(idem_redis::RedisStore::builder(url), |b, ca| {
+                        b.ca_pem(ca.to_vec())
+                    })
+                    .connect()
+                    .await
+                    .map_err(|source| self.unreachable(source))?,
+            ),
+            #[cfg(feature = "mysql")]
+            StoreUrl::Mysql(url) => Arc::new(
+                idem_mysql::MysqlStore::builder(url)
+                    .connect()
+                    .await
+                    .map_err(|source| self.unreachable(source))?,
+            ),
+        })
+    }
+
+    #[cfg(any(feature = "postgres", feature = "redis", feature = "mysql"))]
+    fn unreachable(&self, source: StoreError) -> OpenError {
+        OpenError::Unreachable {
+            url: self.to_string(),
+            source,
+        }
+    }
+}
