@@ -98,13 +98,41 @@ impl Drop for PrivateRedis {
     }
 }
 
-/// A port nobody listens on right now.
+/// A port nobody listens on right now, and that this process has not
+/// handed out before.
+///
+/// Taken from 10000-21999, below the kernel's range for outgoing
+/// connections (32768 up here), so no client socket's source port takes it
+/// between this call and the server binding it; and never the same port
+/// twice in one process, so two tests running side by side cannot be given
+/// one port (the kernel's `bind(0)` can hand a just-closed port out again,
+/// and once gave a cluster test's node port to a plain Redis of another
+/// test). A Redis Cluster node's bus port (port + 10000) falls below that
+/// range too.
 ///
 /// # Panics
-/// If no port can be bound.
+/// If no port in the range can be bound.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or_else(|e| panic!("no free port: {e}"))
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 10_000;
+    const COUNT: u32 = 12_000;
+    // Starts at a place of its own per process, in case two test processes
+    // ever run at once.
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        std::process::id().wrapping_mul(7919) % COUNT,
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
+    for _ in 0..COUNT {
+        let offset = NEXT.fetch_add(1, Ordering::Relaxed) % COUNT;
+        let Ok(port) = u16::try_from(FIRST + offset) else {
+            continue;
+        };
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {FIRST}..{}", FIRST + COUNT)
 }
