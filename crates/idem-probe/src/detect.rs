@@ -10,7 +10,7 @@ pub struct Detection {
     /// A JSON pointer to a resource id in a successful answer.
     pub id_pointer: Option<String>,
     /// A URL (GET) whose answer holds a count of executions.
-    pub effect_url: Option<reqwest::Url>,
+    pub effect_url: Option<url::Url>,
     /// The JSON pointer to that count (empty: the whole body is the number).
     pub effect_pointer: String,
 }
@@ -28,8 +28,8 @@ pub struct Answer {
     pub retry_after: Option<String>,
     /// `Idempotent-Replayed`, if any.
     pub replayed: Option<String>,
-    /// `Idempotency-Key-Expires: ...` (or `Expires: ...`), header name
-    /// included, if any.
+    /// `Idempotency-Key-Expires`, if any (`Expires` is a cache header and
+    /// says nothing of the key).
     pub expires: Option<String>,
     /// The body as text (lossy), whole.
     pub body: String,
@@ -129,7 +129,9 @@ pub(crate) fn judge(first: &Answer, second: &Answer, delta: Option<i64>) -> Outc
             Outcome::Separate
         };
     }
-    if second.marked_replay() {
+    // The marker tells only where the first answer lacks it: an API that
+    // marks every answer says nothing by it.
+    if second.marked_replay() && !first.marked_replay() {
         return Outcome::Replayed;
     }
     Outcome::Unknown

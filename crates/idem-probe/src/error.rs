@@ -18,7 +18,7 @@ enum Inner {
         source: std::io::Error,
     },
     #[error("cannot build the HTTP client: {0}")]
-    Client(#[source] reqwest::Error),
+    Client(String),
 }
 
 /// What kind of [`Error`] this is.
@@ -45,8 +45,8 @@ impl Error {
         }))
     }
 
-    pub(crate) fn client(source: reqwest::Error) -> Error {
-        Error(Box::new(Inner::Client(source)))
+    pub(crate) fn client(message: impl Into<String>) -> Error {
+        Error(Box::new(Inner::Client(message.into())))
     }
 
     /// The kind of failure. [`ErrorKind::Input`] and [`ErrorKind::File`]

@@ -19,6 +19,7 @@
 mod budget;
 mod catalog;
 mod checks;
+mod client;
 mod detect;
 mod error;
 mod report;
@@ -32,5 +33,6 @@ pub use error::{Error, ErrorKind};
 pub use report::{CheckResult, Exchange, Report, Verdict};
 pub use runner::{Options, Probe};
 pub use target::{
-    Header, Redactor, Target, parse_body, parse_credential, parse_header, parse_pointer, parse_url,
+    Header, Redactor, Target, parse_body, parse_credential, parse_header, parse_pointer,
+    parse_query, parse_url,
 };

@@ -1,17 +1,20 @@
 //! The probe: its client, budget and target, and sending one request
 //! with evidence kept and secrets redacted.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
+
+use http::{HeaderName, HeaderValue};
 
 use crate::budget::Budget;
 use crate::catalog::CHECKS;
+use crate::client::{HttpClient, Response};
 use crate::detect::{Answer, Detection, count_at, id_at};
 use crate::error::Error;
 use crate::report::Exchange;
-use crate::target::{Header, Redactor, Target, is_sensitive, is_sensitive_query};
+use crate::target::{Header, Redactor, Target, header_pair, is_sensitive, redacted_url};
 
 /// How the probe runs.
 #[derive(Debug, Clone)]
@@ -27,6 +30,9 @@ pub struct Options {
     pub timeout: Duration,
     /// Checks not to run, by name.
     pub skip: Vec<String>,
+    /// PEM certificates an `https://` target must chain to (only these);
+    /// `None`: the system's roots.
+    pub ca_pem: Option<Vec<u8>>,
 }
 
 impl Default for Options {
@@ -37,32 +43,47 @@ impl Default for Options {
             pause: Duration::from_millis(100),
             timeout: Duration::from_secs(10),
             skip: Vec::new(),
+            ca_pem: None,
         }
     }
 }
 
 /// A configured probe: a target, how executions are detected, options.
-#[derive(Debug)]
 pub struct Probe {
-    pub(crate) client: reqwest::Client,
+    pub(crate) client: HttpClient,
     pub(crate) target: Target,
     pub(crate) detection: Detection,
     pub(crate) options: Options,
     pub(crate) redactor: Redactor,
     pub(crate) budget: Budget,
     effect_reads: AtomicU32,
-    /// Ids of successful answers, to count executions.
-    ids: Mutex<HashSet<String>>,
+    /// Ids of successful answers, each with the key it was first answered
+    /// to, to count executions.
+    ids: Mutex<HashMap<String, Option<String>>>,
+    /// One id was answered to two different keys (or to a key and to no
+    /// key): ids do not tell executions apart on this API.
+    ids_shared: AtomicBool,
     /// Every answer, for the checks that read the whole run.
     pub(crate) answers: Mutex<Vec<Answer>>,
-    /// The replay seen by `retry-replays-response`, for `replay-marked`.
-    pub(crate) replay: Mutex<Option<Answer>>,
+    /// The replay seen by `retry-replays-response`, for `replay-marked`,
+    /// and whether it was told a replay by resource ids alone.
+    pub(crate) replay: Mutex<Option<(Answer, bool)>>,
+}
+
+impl std::fmt::Debug for Probe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The target's Debug hides its secrets; answers are not shown.
+        f.debug_struct("Probe")
+            .field("target", &self.target)
+            .field("options", &self.options.max_requests)
+            .finish_non_exhaustive()
+    }
 }
 
 /// One request: the target's URL, method and headers, with these parts.
 #[derive(Debug, Clone)]
 pub(crate) struct Req {
-    pub(crate) url: reqwest::Url,
+    pub(crate) url: url::Url,
     pub(crate) body: Vec<u8>,
     pub(crate) key: Option<String>,
     pub(crate) second_tenant: bool,
@@ -88,12 +109,16 @@ impl Probe {
             return Err(Error::input("--timeout must be more than zero"));
         }
         target.check()?;
-        let client = reqwest::Client::builder()
-            .timeout(options.timeout)
-            .redirect(reqwest::redirect::Policy::none())
-            .pool_max_idle_per_host(options.concurrency as usize)
-            .build()
-            .map_err(Error::client)?;
+        let https = std::iter::once(&target.url)
+            .chain(&target.other_url)
+            .chain(&detection.effect_url)
+            .any(|u| u.scheme() == "https");
+        let client = HttpClient::new(
+            options.ca_pem.as_deref(),
+            https,
+            options.concurrency as usize,
+            options.timeout,
+        )?;
         Ok(Probe {
             client,
             redactor: target.redactor(),
@@ -103,6 +128,7 @@ impl Probe {
             options,
             effect_reads: AtomicU32::new(0),
             ids: Mutex::default(),
+            ids_shared: AtomicBool::new(false),
             answers: Mutex::default(),
             replay: Mutex::default(),
         })
@@ -117,6 +143,12 @@ impl Probe {
             self.effect_reads.load(Ordering::SeqCst),
             ids,
         )
+    }
+
+    /// Whether one resource id was answered under two different keys:
+    /// then ids cannot tell a replay from a second execution.
+    pub(crate) fn ids_shared(&self) -> bool {
+        self.ids_shared.load(Ordering::SeqCst)
     }
 
     /// A fresh random key.
@@ -158,26 +190,18 @@ impl Probe {
         evidence: &Mutex<Vec<Exchange>>,
     ) -> Result<Answer, String> {
         let mut shown = Vec::new();
-        let mut builder = self
-            .client
-            .request(self.target.method.clone(), req.url.clone())
-            .body(req.body.clone());
+        let mut headers: Vec<(HeaderName, HeaderValue)> = Vec::new();
         let mut has_type = false;
-        for h in &self.target.headers {
-            has_type |= h.name.eq_ignore_ascii_case("content-type");
-            builder = builder.header(&h.name, &h.value);
-            shown.push(show(h));
-        }
-        if !has_type {
-            builder = builder.header("content-type", "application/json");
-        }
         let credential = if req.second_tenant {
             self.target.second_credential.as_ref()
         } else {
             self.target.credential.as_ref()
         };
+        for h in &self.target.headers {
+            has_type |= h.name.eq_ignore_ascii_case("content-type");
+            shown.push(show(h));
+        }
         if let Some(c) = credential {
-            builder = builder.header(&c.name, &c.value);
             shown.push(format!(
                 "{}: <redacted{}>",
                 c.name,
@@ -185,8 +209,19 @@ impl Probe {
             ));
         }
         if let Some(k) = &req.key {
-            builder = builder.header(&self.target.key_header, k);
             shown.push(format!("{}: {k}", self.target.key_header));
+        }
+        for h in self.target.headers.iter().chain(credential) {
+            headers.push(h.to_http()?);
+        }
+        if let Some(k) = &req.key {
+            headers.push(header_pair(&self.target.key_header, k)?);
+        }
+        if !has_type {
+            headers.push((
+                http::header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            ));
         }
         let request = format!(
             "{} {} [{}]",
@@ -196,10 +231,16 @@ impl Probe {
         );
         // Redacted whole, then cut: a secret across the cut is hidden too.
         let request_body = snippet(&self.redactor.redact(&String::from_utf8_lossy(&req.body)));
-        let result = match builder.send().await {
-            Ok(response) => Ok(self.answer(response).await),
-            Err(e) => Err(format!("request failed: {e}")),
-        };
+        let result = self
+            .client
+            .send(
+                self.target.method.clone(),
+                &req.url,
+                headers,
+                req.body.clone(),
+            )
+            .await
+            .map(|response| self.answer(response));
         let answer_text = match &result {
             Ok(a) => describe(a, &self.redactor),
             Err(e) => self.redactor.redact(e),
@@ -216,32 +257,30 @@ impl Probe {
                 all.push(a.clone());
             }
             if let (true, Some(id), Ok(mut ids)) = (a.is_success(), &a.id, self.ids.lock()) {
-                ids.insert(id.clone());
+                let first_key = ids.entry(id.clone()).or_insert_with(|| req.key.clone());
+                if *first_key != req.key {
+                    self.ids_shared.store(true, Ordering::SeqCst);
+                }
             }
         }
         result
     }
 
-    async fn answer(&self, response: reqwest::Response) -> Answer {
+    fn answer(&self, response: Response) -> Answer {
         let header = |name: &str| {
             response
-                .headers()
+                .headers
                 .get(name)
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned)
         };
-        let status = response.status().as_u16();
+        let status = response.status;
         let content_type = header("content-type");
         let location = header("location");
         let retry_after = header("retry-after");
         let replayed = header("idempotent-replayed");
-        let expires = header("idempotency-key-expires")
-            .map(|v| format!("Idempotency-Key-Expires: {v}"))
-            .or_else(|| header("expires").map(|v| format!("Expires: {v}")));
-        let body = match read_capped(response).await {
-            Ok(b) => String::from_utf8_lossy(&b).into_owned(),
-            Err(e) => format!("<body unreadable: {e}>"),
-        };
+        let expires = header("idempotency-key-expires");
+        let body = String::from_utf8_lossy(&response.body).into_owned();
         let id = match &self.detection.id_pointer {
             Some(p) if (200..300).contains(&status) => id_at(&body, p),
             _ => None,
@@ -263,23 +302,27 @@ impl Probe {
     pub(crate) async fn effect_count(&self, evidence: &Mutex<Vec<Exchange>>) -> Option<i64> {
         let url = self.detection.effect_url.clone()?;
         self.effect_reads.fetch_add(1, Ordering::SeqCst);
-        let mut builder = self.client.get(url.clone());
+        let mut headers = Vec::new();
         if let Some(c) = &self.target.credential {
-            builder = builder.header(&c.name, &c.value);
+            match c.to_http() {
+                Ok(h) => headers.push(h),
+                Err(e) => return self.effect_failed(&url, &e, evidence),
+            }
         }
-        let (count, text) = match builder.send().await {
-            Ok(r) if r.status().is_success() => match read_capped(r).await {
-                Ok(body) => {
-                    let body = String::from_utf8_lossy(&body);
-                    (
-                        count_at(&body, &self.detection.effect_pointer),
-                        snippet(&self.redactor.redact(&body)),
-                    )
-                }
-                Err(e) => (None, format!("body unreadable: {e}")),
-            },
-            Ok(r) => (None, format!("{}", r.status())),
-            Err(e) => (None, format!("request failed: {e}")),
+        let sent = self
+            .client
+            .send(http::Method::GET, &url, headers, Vec::new())
+            .await;
+        let (count, text) = match sent {
+            Ok(r) if (200..300).contains(&r.status) => {
+                let body = String::from_utf8_lossy(&r.body);
+                (
+                    count_at(&body, &self.detection.effect_pointer),
+                    snippet(&self.redactor.redact(&body)),
+                )
+            }
+            Ok(r) => (None, r.status.to_string()),
+            Err(e) => (None, self.redactor.redact(&e)),
         };
         if let Ok(mut ev) = evidence.lock() {
             ev.push(Exchange {
@@ -289,6 +332,22 @@ impl Probe {
             });
         }
         count
+    }
+
+    fn effect_failed(
+        &self,
+        url: &url::Url,
+        reason: &str,
+        evidence: &Mutex<Vec<Exchange>>,
+    ) -> Option<i64> {
+        if let Ok(mut ev) = evidence.lock() {
+            ev.push(Exchange {
+                request: format!("GET {} (effect count)", redacted_url(url)),
+                request_body: String::new(),
+                answer: self.redactor.redact(reason),
+            });
+        }
+        None
     }
 }
 
@@ -300,28 +359,6 @@ fn show(h: &Header) -> String {
     }
 }
 
-pub(crate) fn redacted_url(url: &reqwest::Url) -> String {
-    let mut u = url.clone();
-    if u.password().is_some() {
-        let _ = u.set_password(Some("redacted"));
-    }
-    if u.query_pairs().any(|(name, _)| is_sensitive_query(&name)) {
-        let pairs: Vec<(String, String)> = u
-            .query_pairs()
-            .map(|(n, v)| {
-                let v = if is_sensitive_query(&n) {
-                    "redacted".into()
-                } else {
-                    v.into_owned()
-                };
-                (n.into_owned(), v)
-            })
-            .collect();
-        u.query_pairs_mut().clear().extend_pairs(pairs);
-    }
-    u.to_string()
-}
-
 /// The first 300 characters of `text`.
 pub(crate) fn snippet(text: &str) -> String {
     let mut s: String = text.chars().take(300).collect();
@@ -331,25 +368,6 @@ pub(crate) fn snippet(text: &str) -> String {
     s
 }
 
-/// The most of an answer's body the probe reads: past it the body is cut
-/// (and marked), so that a server cannot fill the probe's memory.
-const MAX_BODY: usize = 1 << 20;
-
-/// The body, at most [`MAX_BODY`] bytes of it, then `…<cut>`.
-async fn read_capped(mut response: reqwest::Response) -> Result<Vec<u8>, reqwest::Error> {
-    let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await? {
-        let room = MAX_BODY - body.len();
-        if chunk.len() > room {
-            body.extend_from_slice(&chunk[..room]);
-            body.extend_from_slice("…<cut>".as_bytes());
-            break;
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body)
-}
-
 fn describe(a: &Answer, redactor: &Redactor) -> String {
     let mut parts = vec![a.status.to_string()];
     for (name, v) in [
@@ -357,12 +375,12 @@ fn describe(a: &Answer, redactor: &Redactor) -> String {
         ("Location", &a.location),
         ("Retry-After", &a.retry_after),
         ("Idempotent-Replayed", &a.replayed),
+        ("Idempotency-Key-Expires", &a.expires),
     ] {
         if let Some(v) = v {
             parts.push(format!("{name}: {v}"));
         }
     }
-    parts.extend(a.expires.clone());
     redactor.redact(&format!(
         "{} {}",
         parts.join("; "),

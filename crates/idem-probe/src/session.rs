@@ -6,14 +6,15 @@ use std::sync::Mutex;
 use crate::catalog::CHECKS;
 use crate::checks::{self, Finding};
 use crate::report::{CheckResult, Report, Verdict};
-use crate::runner::{Probe, redacted_url};
+use crate::runner::Probe;
+use crate::target::redacted_url;
 
 impl Probe {
     /// Runs every check not skipped, in order, and returns the report.
     /// Never fails: a request that fails is a check's evidence.
     pub async fn run(&self) -> Report {
         let before = self.effect_count(&Mutex::default()).await;
-        let mut results = Vec::new();
+        let mut findings = Vec::new();
         for (i, check) in CHECKS.iter().enumerate() {
             let finding = if self.options.skip.iter().any(|s| s == check.name) {
                 Finding::new(Verdict::NotApplicable, "skipped (--skip)")
@@ -23,6 +24,20 @@ impl Probe {
                 }
                 checks::run(check.name, self).await
             };
+            findings.push((check, finding));
+        }
+        // Known only once every check has run: an API that answers one
+        // id to different keys makes every verdict drawn from ids void.
+        let ids_shared = self.ids_shared();
+        let mut results = Vec::new();
+        for (check, mut finding) in findings {
+            if ids_shared && finding.by_id {
+                finding.verdict = Verdict::CouldNotTell;
+                finding.reason = format!(
+                    "{}, judged by resource ids; but this API answered one id to different keys, so ids do not tell a replay from a new execution (give --effect-url)",
+                    finding.reason
+                );
+            }
             results.push(CheckResult {
                 name: check.name,
                 rule: check.rule,

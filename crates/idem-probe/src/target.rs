@@ -20,6 +20,27 @@ impl std::fmt::Debug for Header {
     }
 }
 
+impl Header {
+    /// The header as sent. Fails with the reason when the name or value
+    /// cannot be sent (the parsers refuse such input before).
+    pub(crate) fn to_http(&self) -> Result<(http::HeaderName, http::HeaderValue), String> {
+        header_pair(&self.name, &self.value)
+    }
+}
+
+/// `name: value` as sent, or the reason it cannot be (the value is never
+/// shown: it may be a secret).
+pub(crate) fn header_pair(
+    name: &str,
+    value: &str,
+) -> Result<(http::HeaderName, http::HeaderValue), String> {
+    let name = http::HeaderName::from_bytes(name.as_bytes())
+        .map_err(|_| format!("{name:?} is not a valid header name"))?;
+    let value = http::HeaderValue::from_str(value)
+        .map_err(|_| format!("the value of {name} has characters HTTP does not allow"))?;
+    Ok((name, value))
+}
+
 impl std::str::FromStr for Header {
     type Err = Error;
 
@@ -33,7 +54,7 @@ impl std::str::FromStr for Header {
 
 /// Parses `Name: value` (the value is trimmed). Fails
 /// ([`crate::ErrorKind::Input`]) without a colon, with an empty name, a name
-/// that is not an HTTP token, or a value reqwest would refuse.
+/// that is not an HTTP token, or a value with characters HTTP does not allow.
 pub fn parse_header(text: &str) -> Result<Header, Error> {
     let Some((name, value)) = text.split_once(':') else {
         return Err(Error::input(format!(
@@ -42,14 +63,14 @@ pub fn parse_header(text: &str) -> Result<Header, Error> {
         )));
     };
     let name = name.trim();
-    if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
+    if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
         return Err(Error::input(format!(
             "header name {:?} is not a valid HTTP header name",
             shorten(name)
         )));
     }
     let value = value.trim();
-    if reqwest::header::HeaderValue::from_str(value).is_err() {
+    if http::HeaderValue::from_str(value).is_err() {
         return Err(Error::input(format!(
             "the value of header {name} has characters HTTP does not allow"
         )));
@@ -108,24 +129,46 @@ pub fn parse_pointer(text: &str) -> Result<String, Error> {
     Ok(text.to_owned())
 }
 
-/// Parses an absolute `http://` URL. Fails with [`crate::ErrorKind::Input`],
-/// also for `https://` (no TLS client in this build yet).
-pub fn parse_url(text: &str) -> Result<reqwest::Url, Error> {
-    let url = reqwest::Url::parse(text)
-        .map_err(|e| Error::input(format!("URL {:?}: {e}", shorten(text))))?;
-    if url.scheme() == "https" {
-        return Err(Error::input(format!(
-            "URL {:?}: https:// is not supported yet (this build has no TLS client)",
-            shorten(text)
-        )));
+/// Parses an absolute `http://` or `https://` URL with a host. Fails with
+/// [`crate::ErrorKind::Input`], also for a URL with a user name or
+/// password (give credentials with `--credential`). The refusal never
+/// shows the text: a URL may carry a secret in its query.
+pub fn parse_url(text: &str) -> Result<url::Url, Error> {
+    let url = url::Url::parse(text.trim()).map_err(|e| {
+        Error::input(format!(
+            "a URL is not an absolute URL ({e}; not shown: it may hold a secret)"
+        ))
+    })?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return Err(Error::input(
+            "a URL must be http:// or https:// with a host (not shown: it may hold a secret)",
+        ));
     }
-    if url.scheme() != "http" || url.host_str().is_none() {
-        return Err(Error::input(format!(
-            "URL {:?} must be http:// with a host",
-            shorten(text)
-        )));
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(Error::input(
+            "a URL must not carry a user name or password: give the credential with --credential (not shown: it is a secret)",
+        ));
     }
     Ok(url)
+}
+
+/// Parses a query string for `--other-query` (a leading `?` is dropped).
+/// Fails with [`crate::ErrorKind::Input`] on whitespace, control
+/// characters or `#`; the refusal never shows the text.
+pub fn parse_query(text: &str) -> Result<String, Error> {
+    let query = text.strip_prefix('?').unwrap_or(text);
+    if query.is_empty() {
+        return Err(Error::input("--other-query is empty"));
+    }
+    if query
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control() || c == '#')
+    {
+        return Err(Error::input(
+            "--other-query must be a URL query (percent-encode spaces, control characters and #; not shown: it may hold a secret)",
+        ));
+    }
+    Ok(query.to_owned())
 }
 
 fn shorten(text: &str) -> String {
@@ -133,12 +176,12 @@ fn shorten(text: &str) -> String {
 }
 
 /// The request every check sends, with variations.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Target {
     /// The mutation's URL.
-    pub url: reqwest::Url,
+    pub url: url::Url,
     /// Its method (default `POST`).
-    pub method: reqwest::Method,
+    pub method: http::Method,
     /// The body that succeeds (the probe varies it).
     pub body: Vec<u8>,
     /// Headers sent on every request (`Content-Type: application/json` is
@@ -158,16 +201,48 @@ pub struct Target {
     /// Another URL that accepts the same body, for `key-bound-to-path`
     /// (default: the URL with `/idem-probe-other` appended, which a router
     /// usually answers 404 before reading the key).
-    pub other_url: Option<reqwest::Url>,
+    pub other_url: Option<url::Url>,
+    /// Another body the operation accepts, for `key-bound-to-body` and the
+    /// control requests (default: the body with a field
+    /// `idem_probe_variant` added). Give one that differs in a field the
+    /// API fingerprints when it fingerprints chosen fields only, or
+    /// refuses unknown fields.
+    pub other_body: Option<Vec<u8>>,
+    /// Another query, for `key-bound-to-query` (default: the URL's query
+    /// with `idem_probe=other` added). Replaces the URL's query.
+    pub other_query: Option<String>,
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never a secret: URLs redacted, bodies by length, headers by name.
+        let redactor = self.redactor();
+        f.debug_struct("Target")
+            .field("url", &redactor.redact(&redacted_url(&self.url)))
+            .field("method", &self.method)
+            .field("body_bytes", &self.body.len())
+            .field("headers", &self.headers)
+            .field("credential", &self.credential)
+            .field("second_credential", &self.second_credential)
+            .field("key_header", &self.key_header)
+            .field(
+                "other_url",
+                &self
+                    .other_url
+                    .as_ref()
+                    .map(|u| redactor.redact(&redacted_url(u))),
+            )
+            .finish_non_exhaustive()
+    }
 }
 
 impl Target {
     /// A target with the defaults: `POST`, no extra headers, no
     /// credentials, `Idempotency-Key`.
-    pub fn new(url: reqwest::Url, body: Vec<u8>) -> Target {
+    pub fn new(url: url::Url, body: Vec<u8>) -> Target {
         Target {
             url,
-            method: reqwest::Method::POST,
+            method: http::Method::POST,
             body,
             headers: Vec::new(),
             credential: None,
@@ -176,17 +251,61 @@ impl Target {
             transient_body: None,
             key_header: "Idempotency-Key".to_owned(),
             other_url: None,
+            other_body: None,
+            other_query: None,
         }
     }
 
     /// Refuses `--header`s the probe must set itself, or that would send
     /// a request other than the one described: the key header (a fixed
     /// key would be reused by every check and every run), the
-    /// credentials' headers, and the framing headers.
+    /// credentials' headers, and the framing headers. Also refuses a key
+    /// header or credential header that names a framing header, the
+    /// method `CONNECT`, and an other body equal to the body.
     ///
     /// # Errors
     /// [`crate::ErrorKind::Input`], naming the header.
     pub fn check(&self) -> Result<(), Error> {
+        const FRAMING: [&str; 5] = [
+            "host",
+            "content-length",
+            "transfer-encoding",
+            "connection",
+            "content-type",
+        ];
+        if http::HeaderName::from_bytes(self.key_header.as_bytes()).is_err() {
+            return Err(Error::input(format!(
+                "--key-header {:?} is not a valid HTTP header name",
+                shorten(&self.key_header)
+            )));
+        }
+        for name in std::iter::once(self.key_header.as_str()).chain(
+            self.credential
+                .iter()
+                .chain(&self.second_credential)
+                .map(|c| c.name.as_str()),
+        ) {
+            if FRAMING.iter().any(|f| name.eq_ignore_ascii_case(f)) {
+                return Err(Error::input(format!(
+                    "{name} cannot carry the key or a credential: it frames the request"
+                )));
+            }
+        }
+        if self.method == http::Method::CONNECT {
+            return Err(Error::input(
+                "--method CONNECT opens a tunnel, not a mutation",
+            ));
+        }
+        if self.other_query.is_some() && self.other_query.as_deref() == self.url.query() {
+            return Err(Error::input(
+                "--other-query is the URL's own query: it must differ for key-bound-to-query to mean anything",
+            ));
+        }
+        if self.other_body.as_ref() == Some(&self.body) {
+            return Err(Error::input(
+                "--other-body is the same as --body: it must differ for key-bound-to-body to mean anything",
+            ));
+        }
         let reserved = |name: &str| {
             name.eq_ignore_ascii_case(&self.key_header)
                 || ["host", "content-length", "transfer-encoding", "connection"]
@@ -229,15 +348,26 @@ impl Target {
                 secret_value(&h.value);
             }
         }
-        for url in std::iter::once(&self.url).chain(&self.other_url) {
-            for (name, value) in url.query_pairs() {
-                if is_sensitive_query(&name) {
-                    secrets.push(value.into_owned());
+        let queries = std::iter::once(&self.url)
+            .chain(&self.other_url)
+            .filter_map(|u| u.query())
+            .chain(self.other_query.as_deref());
+        for query in queries {
+            for pair in query.split('&') {
+                let (raw_name, raw_value) = pair.split_once('=').unwrap_or((pair, ""));
+                let decode = |raw: &str| {
+                    form_urlencoded::parse(format!("x={raw}").as_bytes())
+                        .next()
+                        .map(|(_, v)| v.into_owned())
+                        .unwrap_or_default()
+                };
+                if is_sensitive_query(&decode(raw_name)) {
+                    // Both as written in the URL and decoded: an answer
+                    // may echo either.
+                    secrets.push(raw_value.to_owned());
+                    secrets.push(decode(raw_value));
                 }
             }
-        }
-        if let Some(p) = self.url.password() {
-            secrets.push(p.to_owned());
         }
         secrets.retain(|s| s.len() >= 3);
         // Longest first, so a secret containing another is hidden whole.
@@ -268,6 +398,27 @@ pub(crate) fn is_sensitive_query(name: &str) -> bool {
         || name.contains("signature")
         || name.contains("password")
         || name == "sig"
+}
+
+/// `url` with the values of secret query parameters replaced (the URL
+/// holds no password: [`parse_url`] refuses one).
+pub(crate) fn redacted_url(url: &url::Url) -> String {
+    let mut u = url.clone();
+    if u.query_pairs().any(|(name, _)| is_sensitive_query(&name)) {
+        let pairs: Vec<(String, String)> = u
+            .query_pairs()
+            .map(|(n, v)| {
+                let v = if is_sensitive_query(&n) {
+                    "redacted".into()
+                } else {
+                    v.into_owned()
+                };
+                (n.into_owned(), v)
+            })
+            .collect();
+        u.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    u.to_string()
 }
 
 /// Replaces every secret with `<redacted>` in text shown to the user.
@@ -323,13 +474,13 @@ mod tests {
 
     #[test]
     fn secrets_are_redacted() {
-        let mut t = Target::new(parse_url("http://u:pw123@h/x").unwrap(), b"{}".to_vec());
+        let mut t = Target::new(parse_url("http://h/x").unwrap(), b"{}".to_vec());
         t.credential = Some(parse_header("Authorization: Bearer s3cret").unwrap());
         let r = t.redactor();
-        assert_eq!(
-            r.redact("a Bearer s3cret b pw123"),
-            "a <redacted> b <redacted>"
-        );
+        assert_eq!(r.redact("a Bearer s3cret b"), "a <redacted> b");
+        assert!(parse_url("http://u:pw123@h/x").is_err());
+        assert!(parse_url("https://h/x").is_ok());
+        assert!(parse_url("ftp://h/x").is_err());
     }
 
     /// A fixed key, a repeated credential header or a framing header in
@@ -366,6 +517,45 @@ mod tests {
         let r = t.redactor();
         assert_eq!(r.redact("echo tok-abcdefgh"), "echo <redacted>");
         assert_eq!(r.redact("key qk-123456"), "key <redacted>");
-        assert!(!crate::runner::redacted_url(&t.url).contains("qk-123456"));
+        assert!(!redacted_url(&t.url).contains("qk-123456"));
+    }
+
+    /// A secret query value is redacted as written in the URL
+    /// (percent-encoded) and decoded, and never shows in Debug.
+    #[test]
+    fn encoded_query_secrets_and_debug_are_redacted() {
+        let url = parse_url("https://h/pay?access_token=a%2Bsecret%2F99&x=1").unwrap();
+        let mut t = Target::new(url, br#"{"card":"4242"}"#.to_vec());
+        t.credential = Some(parse_credential("X-Api-Key: k-0123456789").unwrap());
+        let r = t.redactor();
+        assert_eq!(r.redact("echo a%2Bsecret%2F99"), "echo <redacted>");
+        assert_eq!(r.redact("echo a+secret/99"), "echo <redacted>");
+        let debug = format!("{t:?}");
+        for secret in ["secret", "k-0123456789", "4242"] {
+            assert!(!debug.contains(secret), "{debug}");
+        }
+    }
+
+    /// The key or a credential in a framing header, CONNECT, and other
+    /// variations equal to the originals are refused.
+    #[test]
+    fn targets_that_cannot_mean_anything_are_refused() {
+        let url = parse_url("http://127.0.0.1:1/pay?a=1").unwrap();
+        let t = Target::new(url, b"{}".to_vec());
+        let refused = |f: &dyn Fn(&mut Target)| {
+            let mut t = t.clone();
+            f(&mut t);
+            t.check().is_err()
+        };
+        assert!(refused(&|t| t.key_header = "Content-Length".into()));
+        assert!(refused(&|t| t.key_header = "Bad Name".into()));
+        assert!(refused(
+            &|t| t.credential = Some(parse_header("Host: evil").unwrap())
+        ));
+        assert!(refused(&|t| t.method = http::Method::CONNECT));
+        assert!(refused(&|t| t.other_body = Some(b"{}".to_vec())));
+        assert!(refused(&|t| t.other_query = Some("a=1".into())));
+        assert!(!refused(&|t| t.other_query = Some("a=2".into())));
+        assert!(t.check().is_ok());
     }
 }

@@ -8,6 +8,10 @@ use idem_probe::{Detection, Options, Probe, Report, Target, Verdict, parse_heade
 use support::{Defect, serve};
 
 async fn probe(defect: Defect, effect: bool) -> Report {
+    probe_with(defect, effect, |_| {}).await
+}
+
+async fn probe_with(defect: Defect, effect: bool, configure: impl FnOnce(&mut Target)) -> Report {
     let base = serve(defect).await;
     let mut target = Target::new(
         parse_url(&format!("{base}/orders")).unwrap(),
@@ -18,6 +22,10 @@ async fn probe(defect: Defect, effect: bool) -> Report {
         Some(parse_header("Authorization: Bearer tenant-two-secret").unwrap());
     target.failing_body = Some(br#"{"fail":422}"#.to_vec());
     target.transient_body = Some(br#"{"fail":503}"#.to_vec());
+    // A route the reference server has: the made-up default path would
+    // be refused whatever the key, and the check could not tell.
+    target.other_url = Some(parse_url(&format!("{base}/carts/7/orders")).unwrap());
+    configure(&mut target);
     let detection = Detection {
         id_pointer: Some("/id".to_owned()),
         effect_url: effect.then(|| parse_url(&format!("{base}/count")).unwrap()),
@@ -41,7 +49,21 @@ fn verdicts(report: &Report) -> String {
 
 /// The check `name` fails and no other check fails.
 async fn only(defect: Defect, name: &str) {
-    let report = probe(defect, false).await;
+    fails(defect, false, &[name]).await;
+}
+
+fn verdict_of(report: &Report, name: &str) -> Verdict {
+    report
+        .checks
+        .iter()
+        .find(|c| c.name == name)
+        .map(|c| c.verdict)
+        .unwrap()
+}
+
+/// Exactly the checks `names` fail, and no secret reaches any output.
+async fn fails(defect: Defect, effect: bool, names: &[&str]) -> Report {
+    let report = probe(defect, effect).await;
     let all = verdicts(&report);
     let failed: Vec<_> = report
         .checks
@@ -49,12 +71,13 @@ async fn only(defect: Defect, name: &str) {
         .filter(|c| c.verdict == Verdict::Fail)
         .map(|c| c.name)
         .collect();
-    assert_eq!(failed, [name], "{defect:?}:\n{all}");
+    assert_eq!(failed, names, "{defect:?}:\n{all}");
     assert!(!report.passed(), "{all}");
     // No secret reaches any output.
     for text in [report.to_text(false), report.to_json(), report.to_junit()] {
         assert!(!text.contains("tenant-one-secret") && !text.contains("tenant-two-secret"));
     }
+    report
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -167,4 +190,132 @@ async fn skipped_checks_are_not_applicable_and_unknown_names_refused() {
             .iter()
             .all(|c| c.verdict == Verdict::NotApplicable)
     );
+}
+
+/// Tenants in one key space that refuse each other's keys: the refusal
+/// is the defect (the control under a fresh key executes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_refusing_each_others_keys_fail_key_scoped_to_credential() {
+    let report = fails(
+        Defect::TenantsMergedRefusing,
+        false,
+        &["key-scoped-to-credential"],
+    )
+    .await;
+    let check = report
+        .checks
+        .iter()
+        .find(|c| c.name == "key-scoped-to-credential")
+        .unwrap();
+    assert!(
+        check.reason.contains("share one key space"),
+        "{}",
+        check.reason
+    );
+}
+
+/// An API that refuses the probe's added field refuses it under any key:
+/// the refusal proves nothing, so the checks that vary the body cannot
+/// tell (naming the remedy) instead of passing; `--other-body` makes
+/// key-bound-to-body tell.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_strict_schema_is_not_mistaken_for_a_bound_key() {
+    let report = fails(Defect::StrictSchema, false, &[]).await;
+    let all = verdicts(&report);
+    let body = report
+        .checks
+        .iter()
+        .find(|c| c.name == "key-bound-to-body")
+        .unwrap();
+    assert_eq!(body.verdict, Verdict::CouldNotTell, "{all}");
+    assert!(body.reason.contains("--other-body"), "{all}");
+    assert_ne!(
+        verdict_of(&report, "big-number-precision"),
+        Verdict::Pass,
+        "{all}"
+    );
+
+    let report = probe_with(Defect::StrictSchema, false, |t| {
+        t.other_body = Some(br#"{"sku":"B2","qty":1}"#.to_vec());
+    })
+    .await;
+    let all = verdicts(&report);
+    assert_eq!(
+        verdict_of(&report, "key-bound-to-body"),
+        Verdict::Pass,
+        "{all}"
+    );
+    // The same key with --other-body on a key-ignoring server executes
+    // separately: a pass for the body rule, while the retry fails.
+}
+
+/// A server that never looks at the key: every request executes, so the
+/// rules that need the key to mean something fail, and the binding
+/// checks (which only need the requests kept apart) pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ignored_key_fails_the_rules_that_need_it() {
+    fails(
+        Defect::KeyIgnored,
+        false,
+        &[
+            "key-required",
+            "retry-replays-response",
+            "reformatted-json-not-executed-twice",
+            "concurrent-duplicates-execute-once",
+            "expiry-advertised",
+        ],
+    )
+    .await;
+}
+
+/// The same, answering one resource id to every key: ids then tell
+/// nothing, and no verdict may rest on them. With an effect count the
+/// second execution is seen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_constant_resource_id_is_not_taken_for_a_replay() {
+    let report = fails(
+        Defect::KeyIgnoredConstantId,
+        false,
+        &["key-required", "expiry-advertised"],
+    )
+    .await;
+    let all = verdicts(&report);
+    for name in [
+        "retry-replays-response",
+        "key-bound-to-body",
+        "reformatted-json-not-executed-twice",
+        "concurrent-duplicates-execute-once",
+    ] {
+        assert_eq!(
+            verdict_of(&report, name),
+            Verdict::CouldNotTell,
+            "{name}:\n{all}"
+        );
+    }
+    let report = probe(Defect::KeyIgnoredConstantId, true).await;
+    let all = verdicts(&report);
+    assert_eq!(
+        verdict_of(&report, "retry-replays-response"),
+        Verdict::Fail,
+        "{all}"
+    );
+    assert_eq!(
+        verdict_of(&report, "concurrent-duplicates-execute-once"),
+        Verdict::Fail,
+        "{all}"
+    );
+}
+
+/// The made-up default path is refused whatever the key on an API that
+/// routes by path: key-bound-to-path cannot tell and names --other-url.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unrouted_other_path_cannot_tell_and_names_other_url() {
+    let report = probe_with(Defect::Correct, false, |t| t.other_url = None).await;
+    let path = report
+        .checks
+        .iter()
+        .find(|c| c.name == "key-bound-to-path")
+        .unwrap();
+    assert_eq!(path.verdict, Verdict::CouldNotTell, "{}", verdicts(&report));
+    assert!(path.reason.contains("--other-url"), "{}", path.reason);
 }

@@ -1,7 +1,7 @@
 //! The parsers of user input never panic, and accept what they should.
 #![allow(clippy::unwrap_used, missing_docs)]
 
-use idem_probe::{parse_body, parse_header, parse_pointer, parse_url};
+use idem_probe::{parse_body, parse_header, parse_pointer, parse_query, parse_url};
 use proptest::prelude::*;
 
 proptest! {
@@ -46,7 +46,40 @@ proptest! {
     fn pointer_and_url_parsing_never_panic(text in ".*") {
         let _ = parse_pointer(&text);
         let _ = parse_url(&text);
+        let _ = parse_query(&text);
     }
+
+    /// A refused URL or query is never shown: it may carry a secret (an
+    /// api_key parameter, a password) into a CI log.
+    #[test]
+    fn refused_urls_and_queries_are_not_echoed(secret in "[A-Za-z0-9]{12,20}", shape in 0usize..5) {
+        let text = match shape {
+            0 => format!("http://user:{secret}@example.test/pay"),
+            1 => format!("ftp://example.test/pay?api_key={secret}"),
+            2 => format!("http:// bad host/{secret}"),
+            3 => format!("not a url {secret}"),
+            _ => format!("https://user{secret}@example.test/"),
+        };
+        let e = parse_url(&text).unwrap_err();
+        prop_assert!(!e.to_string().contains(&secret), "{}", e);
+        let e = parse_query(&format!("token={secret} #")).unwrap_err();
+        prop_assert!(!e.to_string().contains(&secret), "{}", e);
+    }
+}
+
+#[test]
+fn urls_and_queries_that_are_accepted() {
+    assert_eq!(
+        parse_url("https://api.example.test/v1/pay?x=1")
+            .unwrap()
+            .scheme(),
+        "https"
+    );
+    assert!(parse_url(" http://127.0.0.1:8080/pay ").is_ok());
+    assert!(parse_url("http://").is_err());
+    assert!(parse_url("/relative/path").is_err());
+    assert_eq!(parse_query("?a=1&b=2").unwrap(), "a=1&b=2");
+    assert!(parse_query("").is_err() && parse_query("?").is_err());
 }
 
 #[test]

@@ -84,7 +84,7 @@ transient-failure-not-stored, expiry-advertised*, problem-details*
 /// `idem probe`'s flags, raw: validated by `probe::Settings::from_args`.
 #[derive(Debug, Args)]
 pub(crate) struct ProbeArgs {
-    /// The mutation's URL (http://).
+    /// The mutation's URL (http:// or https://).
     #[arg(long)]
     pub(crate) url: String,
     /// The method.
@@ -120,6 +120,22 @@ pub(crate) struct ProbeArgs {
     /// [default: the URL with /idem-probe-other appended].
     #[arg(long)]
     pub(crate) other_url: Option<String>,
+    /// Another body the operation accepts, for key-bound-to-body and its
+    /// control (JSON or @FILE) [default: the body with a field
+    /// idem_probe_variant added]. Give one that changes a field the API
+    /// fingerprints when it refuses unknown fields or fingerprints chosen
+    /// fields only.
+    #[arg(long)]
+    pub(crate) other_body: Option<String>,
+    /// Another query the operation accepts, in place of the URL's, for
+    /// key-bound-to-query [default: the URL's query with idem_probe=other
+    /// added].
+    #[arg(long)]
+    pub(crate) other_query: Option<String>,
+    /// PEM certificates an https:// target must chain to (only these)
+    /// [default: the system's roots].
+    #[arg(long, value_name = "FILE")]
+    pub(crate) ca_cert: Option<std::path::PathBuf>,
     /// JSON pointer to a resource id in successful answers.
     #[arg(long)]
     pub(crate) id_pointer: Option<String>,

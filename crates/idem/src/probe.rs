@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use idem_probe::{
     Detection, Options, Probe, Target, parse_body, parse_credential, parse_header, parse_pointer,
-    parse_url,
+    parse_query, parse_url,
 };
 
 use crate::cli::{ProbeArgs, ProbeFormat};
@@ -27,7 +27,7 @@ impl Settings {
         let url = parse_url(&args.url).context("--url").or_usage()?;
         let body = parse_body(&args.body).context("--body").or_usage()?;
         let mut target = Target::new(url, body);
-        target.method = reqwest::Method::from_bytes(args.method.to_ascii_uppercase().as_bytes())
+        target.method = http::Method::from_bytes(args.method.to_ascii_uppercase().as_bytes())
             .with_context(|| format!("--method {:?} is not an HTTP method", args.method))
             .or_usage()?;
         for h in &args.headers {
@@ -65,6 +65,18 @@ impl Settings {
             .map(|u| parse_url(u).context("--other-url"))
             .transpose()
             .or_usage()?;
+        target.other_body = args
+            .other_body
+            .as_deref()
+            .map(|b| parse_body(b).context("--other-body"))
+            .transpose()
+            .or_usage()?;
+        target.other_query = args
+            .other_query
+            .as_deref()
+            .map(|q| parse_query(q).context("--other-query"))
+            .transpose()
+            .or_usage()?;
         target.key_header = parse_header(&format!("{}: x", args.key_header))
             .context("--key-header")
             .or_usage()?
@@ -96,6 +108,15 @@ impl Settings {
                 .context("--timeout")
                 .or_usage()?,
             skip: args.skip.clone(),
+            ca_pem: args
+                .ca_cert
+                .as_deref()
+                .map(|p| {
+                    std::fs::read(p)
+                        .with_context(|| format!("--ca-cert: cannot read {}", p.display()))
+                })
+                .transpose()
+                .or_usage()?,
         };
         Ok(Settings {
             target,

@@ -5,6 +5,7 @@
 
 mod support;
 
+use idem_testkit::tls::{TestCa, write};
 use support::{gateway, idem, upstream};
 
 /// The child half: serves the counting upstream until killed.
@@ -34,8 +35,10 @@ fn probe_args(base: &str, format: &str) -> Vec<String> {
         "Authorization: Bearer tenant-one-secret",
         "--second-credential",
         "Authorization: Bearer tenant-two-secret",
+        "--other-url",
+        &format!("{base}/accounts/a2/transfers"),
         "--id-pointer",
-        "/execution",
+        "/id",
         "--pause",
         "0ms",
         "--format",
@@ -113,6 +116,7 @@ async fn credentials_from_the_environment_are_used_and_never_shown() {
     let (_up, up) = upstream();
     let g = gateway(&up, "memory:", &[]).await;
     let url = format!("{}/accounts/a1/transfers", g.base);
+    let other = format!("{}/accounts/a2/transfers", g.base);
     let out = tokio::task::spawn_blocking(move || {
         std::process::Command::new(env!("CARGO_BIN_EXE_idem"))
             .args([
@@ -121,15 +125,10 @@ async fn credentials_from_the_environment_are_used_and_never_shown() {
                 &url,
                 "--body",
                 r#"{"to":"b2","amount":1}"#,
+                "--other-url",
+                &other,
             ])
-            .args([
-                "--id-pointer",
-                "/execution",
-                "--pause",
-                "0ms",
-                "--format",
-                "json",
-            ])
+            .args(["--id-pointer", "/id", "--pause", "0ms", "--format", "json"])
             .args([
                 "--skip",
                 "concurrent-duplicates-execute-once",
@@ -183,12 +182,39 @@ async fn a_broken_api_exits_1() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn usage_errors_exit_2_with_a_clear_message() {
     let base = ["probe", "--url", "http://127.0.0.1:9/x", "--body", "{}"];
-    let cases: [(&[&str], &str); 7] = [
+    let dir = tempfile::tempdir().unwrap();
+    let junk = dir.path().join("junk.pem");
+    std::fs::write(&junk, "not a certificate").unwrap();
+    let junk = junk.to_str().unwrap();
+    let cases: [(&[&str], &str); 12] = [
         (&["probe", "--body", "{}"], "--url"),
         (&["probe", "--url", "not a url", "--body", "{}"], "--url"),
         (
-            &["probe", "--url", "https://127.0.0.1:9/x", "--body", "{}"],
-            "https:// is not supported",
+            &["probe", "--url", "ftp://127.0.0.1:9/x", "--body", "{}"],
+            "http:// or https://",
+        ),
+        (
+            &[
+                "probe",
+                "--url",
+                "https://u:pw-secret@127.0.0.1:9/x",
+                "--body",
+                "{}",
+            ],
+            "user name or password",
+        ),
+        (
+            &[&base[..], &["--ca-cert", "/nonexistent/ca.pem"]].concat(),
+            "--ca-cert",
+        ),
+        (&[&base[..], &["--ca-cert", junk]].concat(), "--ca-cert"),
+        (
+            &[&base[..], &["--other-body", "{}"]].concat(),
+            "--other-body",
+        ),
+        (
+            &[&base[..], &["--other-query", "a b"]].concat(),
+            "--other-query",
         ),
         (
             &[
@@ -221,6 +247,7 @@ async fn usage_errors_exit_2_with_a_clear_message() {
         let (code, out, err) = run(args.clone()).await;
         assert_eq!(code, 2, "{args:?}: {out} {err}");
         assert!(err.contains(needle), "{args:?}: {err}");
+        assert!(!err.contains("pw-secret"), "{args:?}: {err}");
         assert!(out.is_empty(), "{args:?}: nothing ran: {out}");
     }
     let mut args: Vec<String> = base.map(str::to_owned).to_vec();
@@ -228,4 +255,62 @@ async fn usage_errors_exit_2_with_a_clear_message() {
     let (code, _, err) = run(args).await;
     assert_eq!(code, 2);
     assert!(err.contains("no-such-check"), "{err}");
+}
+
+/// An https:// target is checked against the CA given with --ca-cert:
+/// the gateway's own TLS listener passes; a CA that did not sign its
+/// certificate gets no answer at all, so nothing passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_targets_are_checked_against_the_ca_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("probe CA");
+    let issued = ca.issue(&["localhost", "127.0.0.1"]);
+    let cert = write(dir.path(), "gateway.pem", &issued.cert_pem);
+    let key = write(dir.path(), "gateway.key", &issued.key_pem);
+    let ca_file = write(dir.path(), "ca.pem", &ca.cert_pem());
+    let stranger = write(
+        dir.path(),
+        "stranger.pem",
+        &TestCa::new("another CA").cert_pem(),
+    );
+    let (_up, up) = upstream();
+    let g = gateway(
+        &up,
+        "memory:",
+        &[
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ],
+    )
+    .await;
+    let https = g.base.replace("http://", "https://");
+
+    let mut args = probe_args(&https, "json");
+    args.extend(["--ca-cert", ca_file.to_str().unwrap()].map(str::to_owned));
+    let (code, out, err) = run(args).await;
+    assert_eq!(code, 0, "{out}\n{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(report["target"].as_str().unwrap().starts_with("https://"));
+
+    let mut args = probe_args(&https, "json");
+    args.extend(
+        [
+            "--ca-cert",
+            stranger.to_str().unwrap(),
+            "--max-requests",
+            "3",
+        ]
+        .map(str::to_owned),
+    );
+    let (code, out, err) = run(args).await;
+    assert_eq!(code, 1, "{out}\n{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let checks = report["checks"].as_array().unwrap();
+    assert!(checks.iter().all(|c| c["verdict"] != "pass"), "{out}");
+    assert!(
+        out.contains("certificate") || out.contains("Certificate"),
+        "{out}"
+    );
 }

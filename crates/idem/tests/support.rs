@@ -236,6 +236,8 @@ pub fn upstream() -> (Proc, String) {
 struct Counts {
     per_key: Mutex<HashMap<String, u64>>,
     gate: tokio::sync::Semaphore,
+    /// Transfers made, the last one's number being its resource id.
+    transfers: std::sync::atomic::AtomicU64,
 }
 
 impl Default for Counts {
@@ -243,6 +245,7 @@ impl Default for Counts {
         Counts {
             per_key: Mutex::default(),
             gate: tokio::sync::Semaphore::new(0),
+            transfers: std::sync::atomic::AtomicU64::new(0),
         }
     }
 }
@@ -329,9 +332,10 @@ pub fn upstream_app() -> Router {
             "/accounts/{id}/transfers",
             post(|State(s): State<Arc<Counts>>, headers: HeaderMap, Path(id): Path<String>, uri: axum::http::Uri, body: String| async move {
                 let n = count(&s, &headers);
+                let transfer = s.transfers.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
                 (
                     StatusCode::CREATED,
-                    Json(serde_json::json!({ "execution": n, "account": id, "query": uri.query(), "body": body })),
+                    Json(serde_json::json!({ "id": transfer, "execution": n, "account": id, "query": uri.query(), "body": body })),
                 )
             }),
         )

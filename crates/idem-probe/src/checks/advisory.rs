@@ -6,7 +6,7 @@ use crate::report::Verdict;
 use crate::runner::Probe;
 
 /// `expiry-advertised`: some successful answer carries
-/// `Idempotency-Key-Expires` or `Expires`.
+/// `Idempotency-Key-Expires` (not `Expires`, a cache header).
 pub(crate) fn expiry_advertised(probe: &Probe) -> Finding {
     let answers = probe.answers.lock().map(|a| a.clone()).unwrap_or_default();
     let successes: Vec<_> = answers.iter().filter(|a| a.is_success()).collect();
@@ -14,7 +14,10 @@ pub(crate) fn expiry_advertised(probe: &Probe) -> Finding {
         return Finding::new(Verdict::CouldNotTell, "no successful answer in this run");
     }
     match successes.iter().find_map(|a| a.expires.as_ref()) {
-        Some(e) => Finding::new(Verdict::Pass, format!("advertised: {e}")),
+        Some(e) => Finding::new(
+            Verdict::Pass,
+            format!("advertised: Idempotency-Key-Expires: {e}"),
+        ),
         None => Finding::new(
             Verdict::Fail,
             format!(

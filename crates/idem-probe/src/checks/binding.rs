@@ -4,60 +4,87 @@
 
 use std::sync::Mutex;
 
-use super::common::{Finding, must_not_replay, pair, reformatted, with_field};
+use super::common::{Finding, Refused, Variation, must_not_replay, pair, reformatted, with_field};
 use crate::detect::Outcome;
 use crate::report::Verdict;
-use crate::runner::Probe;
+use crate::runner::{Probe, Req};
 
-/// `key-bound-to-body`: a field `idem_probe_variant` added to the body.
+/// `key-bound-to-body`: `--other-body`, or a field `idem_probe_variant`
+/// added to the body.
 pub(crate) async fn key_bound_to_body(probe: &Probe) -> Finding {
-    must_not_replay(probe, |first| {
-        let body = with_field(&first.body, "idem_probe_variant", "\"other\"")?;
-        Some(crate::runner::Req {
+    let first = probe.req(Some(probe.key()));
+    let body = match &probe.target.other_body {
+        Some(b) => Some(b.clone()),
+        None => with_field(&first.body, "idem_probe_variant", "\"other\""),
+    };
+    let v = body.map(|body| Variation {
+        second: Req {
             body,
             ..first.clone()
-        })
-    })
-    .await
+        },
+        first,
+        refused: Refused::Passes,
+        remedy: "--other-body (a body the operation accepts that differs in a field the API fingerprints)",
+        counted: true,
+    });
+    must_not_replay(probe, v).await
 }
 
-/// `key-bound-to-path`: `other_url`, or a segment `idem-probe-other`
+/// `key-bound-to-path`: `--other-url`, or a segment `idem-probe-other`
 /// appended to the path.
 pub(crate) async fn key_bound_to_path(probe: &Probe) -> Finding {
-    let other = probe.target.other_url.clone();
-    must_not_replay(probe, |first| {
-        if let Some(url) = other {
-            return Some(crate::runner::Req {
-                url,
-                ..first.clone()
-            });
+    let first = probe.req(Some(probe.key()));
+    let url = match &probe.target.other_url {
+        Some(url) => url.clone(),
+        None => {
+            let mut url = first.url.clone();
+            let path = format!("{}/idem-probe-other", url.path().trim_end_matches('/'));
+            url.set_path(&path);
+            url
         }
-        let mut url = first.url.clone();
-        let path = format!("{}/idem-probe-other", url.path().trim_end_matches('/'));
-        url.set_path(&path);
-        Some(crate::runner::Req {
+    };
+    let v = Variation {
+        second: Req {
             url,
             ..first.clone()
-        })
-    })
-    .await
+        },
+        first,
+        refused: Refused::Passes,
+        remedy: "--other-url (another route that accepts the same body)",
+        counted: false,
+    };
+    must_not_replay(probe, Some(v)).await
 }
 
-/// `key-bound-to-query`: a parameter `idem_probe=other` added to the query.
+/// `key-bound-to-query`: `--other-query` in place of the URL's query, or
+/// a parameter `idem_probe=other` added to it.
 pub(crate) async fn key_bound_to_query(probe: &Probe) -> Finding {
-    must_not_replay(probe, |first| {
-        let mut url = first.url.clone();
-        url.query_pairs_mut().append_pair("idem_probe", "other");
-        Some(crate::runner::Req {
+    let first = probe.req(Some(probe.key()));
+    let mut url = first.url.clone();
+    match &probe.target.other_query {
+        Some(q) => url.set_query(Some(q)),
+        None => {
+            url.query_pairs_mut().append_pair("idem_probe", "other");
+        }
+    }
+    let v = Variation {
+        second: Req {
             url,
             ..first.clone()
-        })
-    })
-    .await
+        },
+        first,
+        refused: Refused::Passes,
+        remedy: "--other-query (a query the operation accepts that the API fingerprints)",
+        counted: true,
+    };
+    must_not_replay(probe, Some(v)).await
 }
 
 /// `key-scoped-to-credential`: the second request under
-/// `--second-credential`.
+/// `--second-credential`. A refusal fails here: when the same request
+/// under a fresh key executes for the second tenant, the first tenant's
+/// key was what refused it, so tenants share one key space (each can
+/// block the other's keys and learn which are in use).
 pub(crate) async fn key_scoped_to_credential(probe: &Probe) -> Finding {
     if probe.target.second_credential.is_none() {
         return Finding::new(
@@ -65,53 +92,49 @@ pub(crate) async fn key_scoped_to_credential(probe: &Probe) -> Finding {
             "needs --second-credential (another tenant's)",
         );
     }
-    must_not_replay(probe, |first| {
-        Some(crate::runner::Req {
+    let first = probe.req(Some(probe.key()));
+    let v = Variation {
+        second: Req {
             second_tenant: true,
             ..first.clone()
-        })
-    })
-    .await
+        },
+        first,
+        refused: Refused::Fails(
+            "tenants share one key space (one tenant's key blocks another's request, and tells it the key is in use)",
+        ),
+        remedy: "a --second-credential allowed to perform the operation",
+        counted: false,
+    };
+    must_not_replay(probe, Some(v)).await
 }
 
 /// `big-number-precision`: `9007199254740992` then `9007199254740993`
 /// (equal as IEEE doubles) in a field `idem_probe_n`.
 pub(crate) async fn big_number_precision(probe: &Probe) -> Finding {
-    let ev = Mutex::default();
-    let key = Some(probe.key());
-    let base = probe.req(key);
-    let (Some(a), Some(b)) = (
-        with_field(&base.body, "idem_probe_n", "9007199254740992"),
-        with_field(&base.body, "idem_probe_n", "9007199254740993"),
-    ) else {
-        return Finding::new(
-            Verdict::NotApplicable,
-            "the body is not a JSON object the probe can vary",
+    let base = probe.req(Some(probe.key()));
+    let v = with_field(&base.body, "idem_probe_n", "9007199254740992")
+        .zip(with_field(&base.body, "idem_probe_n", "9007199254740993"))
+        .map(|(a, b)| Variation {
+            first: Req {
+                body: a,
+                ..base.clone()
+            },
+            second: Req {
+                body: b,
+                ..base.clone()
+            },
+            refused: Refused::Passes,
+            remedy: "--skip big-number-precision (the API refuses the probe's number field)",
+            counted: true,
+        });
+    let mut finding = must_not_replay(probe, v).await;
+    if finding.verdict == Verdict::Fail {
+        finding.reason = format!(
+            "{}: the body was compared as doubles, and 9007199254740993 == 9007199254740992",
+            finding.reason
         );
-    };
-    let first = crate::runner::Req {
-        body: a,
-        ..base.clone()
-    };
-    let second = crate::runner::Req { body: b, ..base };
-    let p = match pair(probe, &first, &second, &ev).await {
-        Ok(p) => p,
-        Err(e) => return Finding::with(Verdict::CouldNotTell, e, ev),
-    };
-    let (verdict, reason) = match p.outcome {
-        Outcome::Rejected => (Verdict::Pass, format!("refused with {}", p.second.status)),
-        Outcome::Separate => (Verdict::Pass, "executed on its own".to_owned()),
-        Outcome::Replayed => (
-            Verdict::Fail,
-            "replayed: the body was compared as doubles, and 9007199254740993 == 9007199254740992"
-                .to_owned(),
-        ),
-        Outcome::Unknown => (
-            Verdict::CouldNotTell,
-            "nothing tells a replay from a new execution".to_owned(),
-        ),
-    };
-    Finding::with(verdict, reason, ev)
+    }
+    finding
 }
 
 /// `reformatted-json-not-executed-twice`: the body with its keys reversed
@@ -125,11 +148,11 @@ pub(crate) async fn reformatted_json(probe: &Probe) -> Finding {
             "the body is not a JSON object with keys the probe can reorder",
         );
     };
-    let second = crate::runner::Req {
+    let second = Req {
         body,
         ..first.clone()
     };
-    let p = match pair(probe, &first, &second, &ev).await {
+    let p = match pair(probe, &first, &second, true, &ev).await {
         Ok(p) => p,
         Err(e) => return Finding::with(Verdict::CouldNotTell, e, ev),
     };
@@ -148,5 +171,7 @@ pub(crate) async fn reformatted_json(probe: &Probe) -> Finding {
             "nothing tells a replay from a new execution".to_owned(),
         ),
     };
-    Finding::with(verdict, reason, ev)
+    let mut finding = Finding::with(verdict, reason, ev);
+    finding.by_id = p.by_id && matches!(p.outcome, Outcome::Separate | Outcome::Replayed);
+    finding
 }

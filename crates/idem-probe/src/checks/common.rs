@@ -13,6 +13,9 @@ pub(crate) struct Finding {
     pub(crate) verdict: Verdict,
     pub(crate) reason: String,
     pub(crate) evidence: Mutex<Vec<Exchange>>,
+    /// The verdict rests on resource ids alone: void where the API
+    /// answers one id to different keys (see `Probe::ids_shared`).
+    pub(crate) by_id: bool,
 }
 
 impl Finding {
@@ -21,6 +24,7 @@ impl Finding {
             verdict,
             reason: reason.into(),
             evidence: Mutex::default(),
+            by_id: false,
         }
     }
 
@@ -33,6 +37,7 @@ impl Finding {
             verdict,
             reason: reason.into(),
             evidence,
+            by_id: false,
         }
     }
 }
@@ -42,15 +47,23 @@ pub(crate) struct Pair {
     pub(crate) first: Answer,
     pub(crate) second: Answer,
     pub(crate) outcome: Outcome,
+    /// The outcome rests on comparing resource ids (no effect count).
+    pub(crate) by_id: bool,
 }
 
-/// Sends `first`, then `second` (the effect count read around `second`),
-/// and judges the second. Fails with a could-not-tell finding when a
-/// request fails or the first does not succeed.
+/// Sends `first`, then `second` (the effect count read around `second`
+/// when `counted`), and judges the second. Fails with a could-not-tell
+/// reason when a request fails or the first does not succeed.
+///
+/// `counted` is false where the effect count cannot see the second's
+/// execution: another path's or another tenant's effect need not move the
+/// count read with the first credential, and an unmoved count would read
+/// as a replay.
 pub(crate) async fn pair(
     probe: &Probe,
     first: &Req,
     second: &Req,
+    counted: bool,
     ev: &Mutex<Vec<Exchange>>,
 ) -> Result<Pair, String> {
     let first = probe.send(first, ev).await?;
@@ -60,45 +73,138 @@ pub(crate) async fn pair(
             first.status
         ));
     }
-    let before = probe.effect_count(ev).await;
+    let before = if counted {
+        probe.effect_count(ev).await
+    } else {
+        None
+    };
     let second = probe.send(second, ev).await?;
-    let after = probe.effect_count(ev).await;
+    let after = if counted {
+        probe.effect_count(ev).await
+    } else {
+        None
+    };
     let delta = before.zip(after).and_then(|(b, a)| a.checked_sub(b));
     let outcome = judge(&first, &second, delta);
+    let by_id = delta.is_none() && first.id.is_some() && second.id.is_some();
     Ok(Pair {
         first,
         second,
         outcome,
+        by_id,
     })
+}
+
+/// A second request that must not be a replay of the first, and how to
+/// read a refusal of it.
+pub(crate) struct Variation {
+    /// The first request.
+    pub(crate) first: Req,
+    /// The varied request, sent with the same key.
+    pub(crate) second: Req,
+    /// What a refusal explained by the key means.
+    pub(crate) refused: Refused,
+    /// The flag that gives a variation the API accepts, named when the
+    /// API refuses the variation itself.
+    pub(crate) remedy: &'static str,
+    /// Whether the effect count sees the second's execution (see [`pair`]).
+    pub(crate) counted: bool,
+}
+
+/// What a refusal of the varied request means when the same request under
+/// a fresh key executes (so the key, not the variation, was refused).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Refused {
+    /// A refusal keeps the two requests apart: the rule holds.
+    Passes,
+    /// A refusal is itself the defect, with this reason.
+    Fails(&'static str),
 }
 
 /// The verdict for a second request that must not be a replay of the
 /// first (another body, path, query, tenant, big number).
-pub(crate) async fn must_not_replay(
-    probe: &Probe,
-    second: impl FnOnce(&Req) -> Option<Req>,
-) -> Finding {
+///
+/// A refusal proves nothing by itself: an API that refuses the variation
+/// for its own reasons (an unknown field, a path with no route) would
+/// refuse it under any key. So a refused second request is followed by
+/// a control: the same request under a fresh key. Only when the control
+/// executes was the key what the API refused.
+pub(crate) async fn must_not_replay(probe: &Probe, v: Option<Variation>) -> Finding {
     let ev = Mutex::default();
-    let first = probe.req(Some(probe.key()));
-    let Some(second) = second(&first) else {
+    let Some(v) = v else {
         return Finding::new(
             Verdict::NotApplicable,
             "the body is not a JSON object the probe can vary",
         );
     };
-    let p = match pair(probe, &first, &second, &ev).await {
+    let p = match pair(probe, &v.first, &v.second, v.counted, &ev).await {
         Ok(p) => p,
         Err(e) => return Finding::with(Verdict::CouldNotTell, e, ev),
     };
     let (verdict, reason) = match p.outcome {
-        Outcome::Rejected => (Verdict::Pass, format!("refused with {}", p.second.status)),
+        Outcome::Rejected => return control(probe, &v, &p, ev).await,
         Outcome::Separate => (Verdict::Pass, "executed on its own".to_owned()),
-        Outcome::Replayed => (Verdict::Fail, format!("answered with the first request's result ({})", p.first.status)),
+        Outcome::Replayed => (
+            Verdict::Fail,
+            format!("answered with the first request's result ({})", p.first.status),
+        ),
         Outcome::Unknown if p.second.same_as(&p.first) => (
             Verdict::CouldNotTell,
             "the same answer as the first, and no --id-pointer, Location or --effect-url tells a replay from a new execution".to_owned(),
         ),
-        Outcome::Unknown => (Verdict::CouldNotTell, format!("answered {}: nothing tells whether it executed", p.second.status)),
+        Outcome::Unknown => (
+            Verdict::CouldNotTell,
+            format!("answered {}: nothing tells whether it executed", p.second.status),
+        ),
+    };
+    let mut finding = Finding::with(verdict, reason, ev);
+    finding.by_id = p.by_id && matches!(p.outcome, Outcome::Separate | Outcome::Replayed);
+    finding
+}
+
+/// The varied request again under a fresh key, after it was refused with
+/// the first's key.
+async fn control(probe: &Probe, v: &Variation, p: &Pair, ev: Mutex<Vec<Exchange>>) -> Finding {
+    let refused = p.second.status;
+    let control = Req {
+        key: Some(probe.key()),
+        ..v.second.clone()
+    };
+    let answer = match probe.send(&control, &ev).await {
+        Ok(a) => a,
+        Err(e) => {
+            return Finding::with(
+                Verdict::CouldNotTell,
+                format!(
+                    "refused with {refused}; the control under a fresh key could not be sent: {e}"
+                ),
+                ev,
+            );
+        }
+    };
+    let (verdict, reason) = if answer.is_success() {
+        match v.refused {
+            Refused::Passes => (
+                Verdict::Pass,
+                format!(
+                    "refused with {refused}; the same request under a fresh key executed (control), so the key was refused"
+                ),
+            ),
+            Refused::Fails(why) => (
+                Verdict::Fail,
+                format!(
+                    "refused with {refused}, yet the same request under a fresh key executed (control): {why}"
+                ),
+            ),
+        }
+    } else {
+        (
+            Verdict::CouldNotTell,
+            format!(
+                "refused with {refused}, but the same request under a fresh key was answered {} too (control): the API refuses the variation itself, whatever the key; give {}",
+                answer.status, v.remedy
+            ),
+        )
     };
     Finding::with(verdict, reason, ev)
 }
@@ -115,26 +221,55 @@ pub(crate) fn with_field(body: &[u8], name: &str, raw: &str) -> Option<Vec<u8>> 
     Some(format!("{}{{\"{name}\":{raw}{sep}{rest}", &text[..open]).into_bytes())
 }
 
-/// The same JSON object, its top-level keys in reverse order and other
-/// whitespace. `None` when the body is not a JSON object with a key, or
-/// does not survive the round trip (numbers serde_json cannot hold exactly).
+/// The same JSON object, its top-level members in reverse order and other
+/// whitespace, each member's value kept byte for byte (numbers beyond
+/// `f64` included). `None` when the body is not a JSON object with two
+/// members or more, or names one member twice (which reordering would
+/// change the meaning of).
 pub(crate) fn reformatted(body: &[u8]) -> Option<Vec<u8>> {
-    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
-    let map = value.as_object()?;
-    if map.is_empty() {
+    let Members(members) = serde_json::from_slice(body).ok()?;
+    if members.len() < 2 {
+        return None;
+    }
+    let mut names = std::collections::HashSet::new();
+    if !members.iter().all(|(name, _)| names.insert(name.as_str())) {
         return None;
     }
     let mut entries = Vec::new();
-    for (k, v) in map.iter().rev() {
+    for (name, value) in members.iter().rev() {
         entries.push(format!(
             "  {} :  {}",
-            serde_json::to_string(k).ok()?,
-            serde_json::to_string(v).ok()?
+            serde_json::to_string(name).ok()?,
+            value.get()
         ));
     }
-    let text = format!("\n{{\n{}\n}}\n", entries.join(",\n"));
-    let back: serde_json::Value = serde_json::from_str(&text).ok()?;
-    (back == value && text.as_bytes() != body).then(|| text.into_bytes())
+    Some(format!("\n{{\n{}\n}}\n", entries.join(",\n")).into_bytes())
+}
+
+/// A JSON object's members in written order, values as written.
+struct Members(Vec<(String, Box<serde_json::value::RawValue>)>);
+
+impl<'de> serde::Deserialize<'de> for Members {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Members, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Members;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<M: serde::de::MapAccess<'de>>(
+                self,
+                mut map: M,
+            ) -> Result<Members, M::Error> {
+                let mut members = Vec::new();
+                while let Some(member) = map.next_entry()? {
+                    members.push(member);
+                }
+                Ok(Members(members))
+            }
+        }
+        d.deserialize_map(Visit)
+    }
 }
 
 #[cfg(test)]
@@ -153,5 +288,16 @@ mod tests {
         let r = String::from_utf8(r).unwrap();
         assert!(r.find("\"b\"") < r.find("\"a\""));
         assert!(reformatted(b"{}").is_none());
+        assert!(reformatted(br#"{"a":1}"#).is_none());
+        // Values byte for byte, beyond f64 too.
+        let r = reformatted(br#"{"n":123456789012345678901234567890,"x":1.50}"#).unwrap();
+        let r = String::from_utf8(r).unwrap();
+        assert!(
+            r.contains("123456789012345678901234567890") && r.contains("1.50"),
+            "{r}"
+        );
+        // A name given twice: reordering would change which one counts.
+        assert!(reformatted(br#"{"a":1,"a":2}"#).is_none());
+        assert!(reformatted(b"[1,2]").is_none());
     }
 }

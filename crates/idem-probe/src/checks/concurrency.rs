@@ -27,20 +27,31 @@ pub(crate) async fn execute_once(probe: &Probe) -> Finding {
     let req = probe.req(Some(probe.key()));
     let before = probe.effect_count(&ev).await;
     let sends = (0..n).map(|_| probe.send_taken(&req, &ev));
-    let answers: Vec<_> = futures_util::future::join_all(sends)
-        .await
-        .into_iter()
-        .flatten()
-        .collect();
+    let results = futures_util::future::join_all(sends).await;
     let after = probe.effect_count(&ev).await;
+    let answers: Vec<_> = results.iter().flatten().collect();
     let successes: Vec<_> = answers.iter().filter(|a| a.is_success()).collect();
-    let all_409_or_success = answers.iter().all(|a| a.is_success() || a.status == 409);
+    // A request that failed, or an answer that is neither a success nor a
+    // conflict (a 5xx, a timeout), may have executed unseen: a pass then
+    // proves nothing, while more than one execution seen is still a fail.
+    let unclear = results.len() - answers.len()
+        + answers
+            .iter()
+            .filter(|a| !a.is_success() && a.status != 409)
+            .count();
     let ids: HashSet<_> = successes.iter().filter_map(|a| a.id.as_ref()).collect();
+    let mut by_id = false;
     let (verdict, reason) = if let Some(d) = before.zip(after).and_then(|(b, a)| a.checked_sub(b)) {
         match d {
             ..=0 => (
                 Verdict::CouldNotTell,
                 "the effect count did not move".to_owned(),
+            ),
+            1 if unclear > 0 => (
+                Verdict::CouldNotTell,
+                format!(
+                    "effect count +1, but {unclear} of {n} requests failed or were answered neither 2xx nor 409"
+                ),
             ),
             1 => (
                 Verdict::Pass,
@@ -54,10 +65,17 @@ pub(crate) async fn execute_once(probe: &Probe) -> Finding {
     } else if probe.detection.id_pointer.is_some()
         || successes.iter().all(|a| a.id.is_some()) && !successes.is_empty()
     {
+        by_id = true;
         match ids.len() {
             0 => (
                 Verdict::CouldNotTell,
                 format!("no request succeeded ({} answers)", answers.len()),
+            ),
+            1 if unclear > 0 => (
+                Verdict::CouldNotTell,
+                format!(
+                    "one resource answered, but {unclear} of {n} requests failed or were answered neither 2xx nor 409"
+                ),
             ),
             1 => (
                 Verdict::Pass,
@@ -71,7 +89,7 @@ pub(crate) async fn execute_once(probe: &Probe) -> Finding {
                 format!("{n} requests with one key created {k} resources"),
             ),
         }
-    } else if successes.len() == 1 && all_409_or_success && answers.len() == n as usize {
+    } else if successes.len() == 1 && unclear == 0 {
         (
             Verdict::Pass,
             "one request succeeded, the others got 409".to_owned(),
@@ -82,7 +100,9 @@ pub(crate) async fn execute_once(probe: &Probe) -> Finding {
             "no --id-pointer, Location or --effect-url tells executions apart".to_owned(),
         )
     };
-    Finding::with(verdict, reason, ev)
+    let mut finding = Finding::with(verdict, reason, ev);
+    finding.by_id = by_id && matches!(finding.verdict, Verdict::Pass | Verdict::Fail);
+    finding
 }
 
 /// `in-flight-duplicate-conflicts`: a second request sent while the first
@@ -118,6 +138,7 @@ pub(crate) async fn in_flight(probe: &Probe) -> Finding {
         (Err(e), _) | (_, Err(e)) => return Finding::with(Verdict::CouldNotTell, e, ev),
     };
     let conflict = [&a, &b].into_iter().find(|x| x.status == 409);
+    let mut by_id = false;
     let (verdict, reason) = match conflict {
         Some(c) if c.retry_after.is_some() => (
             Verdict::Pass,
@@ -139,6 +160,14 @@ pub(crate) async fn in_flight(probe: &Probe) -> Finding {
             "the operation was too fast to overlap with the duplicate".to_owned(),
         ),
         None => match judge(&a, &b, None) {
+            Outcome::Replayed if a.id.is_some() && b.id.is_some() => {
+                by_id = true;
+                (
+                    Verdict::Pass,
+                    "the duplicate was answered with the first's result (same resource id)"
+                        .to_owned(),
+                )
+            }
             Outcome::Replayed => (
                 Verdict::Pass,
                 "the duplicate was answered with the first's result".to_owned(),
@@ -154,5 +183,7 @@ pub(crate) async fn in_flight(probe: &Probe) -> Finding {
             ),
         },
     };
-    Finding::with(verdict, reason, ev)
+    let mut finding = Finding::with(verdict, reason, ev);
+    finding.by_id = by_id;
+    finding
 }

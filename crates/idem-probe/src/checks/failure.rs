@@ -24,11 +24,11 @@ pub(crate) async fn deterministic_replayed(probe: &Probe) -> Finding {
         Ok(a) => a,
         Err(e) => return Finding::with(Verdict::CouldNotTell, e, ev),
     };
-    if !first.is_refusal() {
+    if !first.is_refusal() || first.is_auth_refusal() {
         return Finding::with(
             Verdict::CouldNotTell,
             format!(
-                "--failing-body was answered {}, not a deterministic 4xx",
+                "--failing-body was answered {}, not a deterministic 4xx of the operation (401 and 403 are the credential's)",
                 first.status
             ),
             ev,

@@ -45,12 +45,13 @@ pub(crate) async fn key_required(probe: &Probe) -> Finding {
 pub(crate) async fn retry_replays_response(probe: &Probe) -> Finding {
     let ev = Mutex::default();
     let req = probe.req(Some(probe.key()));
-    let p = match pair(probe, &req, &req, &ev).await {
+    let p = match pair(probe, &req, &req, true, &ev).await {
         Ok(p) => p,
         Err(e) => return Finding::with(Verdict::CouldNotTell, e, ev),
     };
-    if let Ok(mut r) = probe.replay.lock() {
-        *r = Some(p.second.clone());
+    // A retry that executed again is no replay to judge the marker of.
+    if let (false, Ok(mut r)) = (p.outcome == Outcome::Separate, probe.replay.lock()) {
+        *r = Some((p.second.clone(), p.by_id));
     }
     let differences = differences(&p.first, &p.second);
     let (verdict, reason) = match p.outcome {
@@ -65,7 +66,15 @@ pub(crate) async fn retry_replays_response(probe: &Probe) -> Finding {
             "the same answer, but no --id-pointer, Location, --effect-url or Idempotent-Replayed tells a replay from a second execution".to_owned(),
         ),
     };
-    Finding::with(verdict, reason, ev)
+    let mut finding = Finding::with(verdict, reason, ev);
+    // A difference in the answers fails whatever the ids say.
+    finding.by_id = p.by_id
+        && match p.outcome {
+            Outcome::Separate => true,
+            Outcome::Replayed => differences.is_empty(),
+            _ => false,
+        };
+    finding
 }
 
 /// What differs between the first answer and its replay.
@@ -96,10 +105,11 @@ fn differences(first: &Answer, second: &Answer) -> Vec<String> {
 /// `Idempotent-Replayed: true`. Advisory: the draft does not require it.
 pub(crate) fn replay_marked(probe: &Probe) -> Finding {
     let replay = probe.replay.lock().ok().and_then(|r| r.clone());
-    match replay {
+    let by_id = replay.as_ref().is_some_and(|(_, by_id)| *by_id);
+    let mut finding = match replay.map(|(a, _)| a) {
         None => Finding::new(
             Verdict::CouldNotTell,
-            "retry-replays-response did not run or got no answer",
+            "retry-replays-response did not run, got no answer, or saw the retry execute again",
         ),
         Some(a) if a.marked_replay() => Finding::new(
             Verdict::Pass,
@@ -113,5 +123,8 @@ pub(crate) fn replay_marked(probe: &Probe) -> Finding {
             Verdict::Fail,
             "the replay carries no Idempotent-Replayed header",
         ),
-    }
+    };
+    // Void with the retry's verdict where ids told it was a replay.
+    finding.by_id = by_id && finding.verdict == Verdict::Fail;
+    finding
 }

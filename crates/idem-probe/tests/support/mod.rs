@@ -31,6 +31,15 @@ pub enum Defect {
     TransientCached,
     /// A request without a key is executed.
     KeyOptional,
+    /// Correct, but the operation refuses fields it does not know (400).
+    StrictSchema,
+    /// The key is read and never used: every request executes.
+    KeyIgnored,
+    /// As `KeyIgnored`, and every answer names the same resource id.
+    KeyIgnoredConstantId,
+    /// One key space for every credential, the credential fingerprinted:
+    /// another tenant's request with a used key is refused (422).
+    TenantsMergedRefusing,
 }
 
 #[derive(Clone)]
@@ -54,8 +63,9 @@ struct State {
     executions: AtomicU64,
 }
 
-/// The server's base URL (`http://127.0.0.1:PORT`); it serves `POST
-/// /orders` and `GET /count`.
+/// The server's base URL (`http://127.0.0.1:PORT`); it serves `POST` on
+/// any path ending `/orders` (`/orders`, `/carts/7/orders`) and `GET
+/// /count`.
 pub async fn serve(defect: Defect) -> String {
     let state = Arc::new(State {
         defect,
@@ -118,26 +128,47 @@ const EXPIRES: (&str, &str) = ("idempotency-key-expires", "Sun, 06 Dec 2026 16:0
 
 async fn handle(state: &State, uri: &Uri, headers: &HeaderMap, body: &Bytes) -> Response {
     let defect = state.defect;
-    if uri.path() != "/orders" && defect != Defect::PathUnbound {
+    if !uri.path().ends_with("/orders") {
         return respond(&problem(StatusCode::NOT_FOUND, "not-found"), false, &[]);
     }
     let value: Option<serde_json::Value> = serde_json::from_slice(body).ok();
     let Some(value) = value else {
         return respond(&problem(StatusCode::BAD_REQUEST, "bad-json"), false, &[]);
     };
+    let known = |name: &String| ["sku", "qty", "fail"].contains(&name.as_str());
+    if defect == Defect::StrictSchema
+        && value
+            .as_object()
+            .is_none_or(|fields| !fields.keys().all(known))
+    {
+        return respond(
+            &problem(StatusCode::BAD_REQUEST, "unknown-field"),
+            false,
+            &[],
+        );
+    }
+    if matches!(defect, Defect::KeyIgnored | Defect::KeyIgnoredConstantId) {
+        let mut answer = execute(state, &value);
+        if defect == Defect::KeyIgnoredConstantId && answer.status.is_success() {
+            answer.location = Some("/orders/1".to_owned());
+            answer.body = "{\"id\":1}".to_owned();
+        }
+        return respond(&answer, false, &[]);
+    }
     let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()) else {
         if defect == Defect::KeyOptional {
             return respond(&execute(state, &value), false, &[]);
         }
         return respond(&problem(StatusCode::BAD_REQUEST, "key-missing"), false, &[]);
     };
+    let credential = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
     let tenant = match defect {
-        Defect::TenantsMerged => String::new(),
-        _ => headers
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_owned(),
+        Defect::TenantsMerged | Defect::TenantsMergedRefusing => String::new(),
+        _ => credential.clone(),
     };
     let path = if defect == Defect::PathUnbound {
         ""
@@ -145,7 +176,12 @@ async fn handle(state: &State, uri: &Uri, headers: &HeaderMap, body: &Bytes) -> 
         uri.path()
     };
     let id = (tenant, key.to_owned(), path.to_owned());
-    let fingerprint = format!("{}|{value}", uri.query().unwrap_or(""));
+    let fingerprint = match defect {
+        Defect::TenantsMergedRefusing => {
+            format!("{credential}|{}|{value}", uri.query().unwrap_or(""))
+        }
+        _ => format!("{}|{value}", uri.query().unwrap_or("")),
+    };
     if defect != Defect::Racy && !claim(state, &id, &fingerprint) {
         return answer_existing(state, &id, &fingerprint);
     }
