@@ -89,7 +89,7 @@ pub const CHECKS: &[CheckInfo] = &[
     ),
     check(
         "expiry-advertised",
-        "keyed answers say until when the key is kept (Idempotency-Key-Expires or Expires)",
+        "keyed answers say until when the key is kept (Idempotency-Key-Expires)",
         false,
     ),
     check(

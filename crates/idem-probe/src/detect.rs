@@ -5,7 +5,7 @@
 //! check then says "could not tell", never guesses.
 
 /// How executions are told apart.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct Detection {
     /// A JSON pointer to a resource id in a successful answer.
     pub id_pointer: Option<String>,
@@ -13,6 +13,20 @@ pub struct Detection {
     pub effect_url: Option<url::Url>,
     /// The JSON pointer to that count (empty: the whole body is the number).
     pub effect_pointer: String,
+}
+
+impl std::fmt::Debug for Detection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The effect URL's secret query values are not shown.
+        f.debug_struct("Detection")
+            .field("id_pointer", &self.id_pointer)
+            .field(
+                "effect_url",
+                &self.effect_url.as_ref().map(crate::target::redacted_url),
+            )
+            .field("effect_pointer", &self.effect_pointer)
+            .finish()
+    }
 }
 
 /// One answer, reduced to what the checks compare.
@@ -71,6 +85,44 @@ impl Answer {
     }
 }
 
+/// What the checks that read the whole run keep of each answer: no body
+/// (a run keeps one of these per request, whatever the answers' size).
+#[derive(Debug, Clone)]
+pub(crate) struct Seen {
+    pub(crate) status: u16,
+    pub(crate) content_type: Option<String>,
+    pub(crate) expires: Option<String>,
+    /// An RFC 9457 problem: `application/problem+json` with `type`,
+    /// `title` and the answer's `status`.
+    pub(crate) problem: bool,
+}
+
+impl Seen {
+    pub(crate) fn of(a: &Answer) -> Seen {
+        Seen {
+            status: a.status,
+            content_type: a.content_type.clone(),
+            expires: a.expires.clone(),
+            problem: is_problem(a.content_type.as_deref(), &a.body, a.status),
+        }
+    }
+}
+
+fn is_problem(content_type: Option<&str>, body: &str, status: u16) -> bool {
+    let media = content_type
+        .and_then(|c| c.split(';').next())
+        .map(|c| c.trim().to_ascii_lowercase());
+    if media.as_deref() != Some("application/problem+json") {
+        return false;
+    }
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(body) else {
+        return false;
+    };
+    v.get("type").is_some_and(serde_json::Value::is_string)
+        && v.get("title").is_some_and(serde_json::Value::is_string)
+        && v.get("status").and_then(serde_json::Value::as_u64) == Some(u64::from(status))
+}
+
 /// The id at `pointer` in a JSON body, as text.
 pub(crate) fn id_at(body: &str, pointer: &str) -> Option<String> {
     let value: serde_json::Value = serde_json::from_str(body).ok()?;
@@ -114,15 +166,22 @@ pub(crate) fn judge(first: &Answer, second: &Answer, delta: Option<i64>) -> Outc
     if !second.is_success() {
         return Outcome::Unknown;
     }
+    let ids = first.id.as_ref().zip(second.id.as_ref());
     if let Some(d) = delta {
-        return match d {
+        let by_count = match d {
             1.. => Outcome::Separate,
             0 => Outcome::Replayed,
             // The count went down: other traffic moved it; nothing told.
-            _ => Outcome::Unknown,
+            _ => return Outcome::Unknown,
+        };
+        // A count that lags (a cache, a replica, an asynchronous worker)
+        // must not overrule ids that say otherwise: nothing is told.
+        return match ids {
+            Some((a, b)) if (a == b) != (by_count == Outcome::Replayed) => Outcome::Unknown,
+            _ => by_count,
         };
     }
-    if let (Some(a), Some(b)) = (&first.id, &second.id) {
+    if let Some((a, b)) = ids {
         return if a == b {
             Outcome::Replayed
         } else {
@@ -167,6 +226,19 @@ mod tests {
         assert_eq!(judge(&a, &answer(201, Some("2")), None), Outcome::Separate);
         assert_eq!(judge(&a, &answer(201, None), None), Outcome::Unknown);
         assert_eq!(judge(&a, &answer(201, None), Some(1)), Outcome::Separate);
+        // A count and ids that disagree tell nothing.
+        assert_eq!(
+            judge(&a, &answer(201, Some("2")), Some(0)),
+            Outcome::Unknown
+        );
+        assert_eq!(
+            judge(&a, &answer(201, Some("1")), Some(1)),
+            Outcome::Unknown
+        );
+        assert_eq!(
+            judge(&a, &answer(201, Some("1")), Some(0)),
+            Outcome::Replayed
+        );
         assert_eq!(judge(&a, &answer(500, None), Some(0)), Outcome::Unknown);
         assert_eq!(id_at(r#"{"a":{"id":7}}"#, "/a/id").as_deref(), Some("7"));
         assert_eq!(count_at("12", ""), Some(12));

@@ -31,7 +31,7 @@ pub use catalog::{CHECKS, CheckInfo};
 pub use detect::{Answer, Detection, Outcome};
 pub use error::{Error, ErrorKind};
 pub use report::{CheckResult, Exchange, Report, Verdict};
-pub use runner::{Options, Probe};
+pub use runner::{MAX_CONCURRENCY, Options, Probe};
 pub use target::{
     Header, Redactor, Target, parse_body, parse_credential, parse_header, parse_pointer,
     parse_query, parse_url,

@@ -11,10 +11,14 @@ use http::{HeaderName, HeaderValue};
 use crate::budget::Budget;
 use crate::catalog::CHECKS;
 use crate::client::{HttpClient, Response};
-use crate::detect::{Answer, Detection, count_at, id_at};
+use crate::detect::{Answer, Detection, Seen, count_at, id_at};
 use crate::error::Error;
 use crate::report::Exchange;
 use crate::target::{Header, Redactor, Target, header_pair, is_sensitive, redacted_url};
+
+/// The most concurrent requests a probe sends: a check, not a load test
+/// (and each answer in flight may hold up to 1 MiB).
+pub const MAX_CONCURRENCY: u32 = 64;
 
 /// How the probe runs.
 #[derive(Debug, Clone)]
@@ -22,7 +26,8 @@ pub struct Options {
     /// Requests to the target at most (default 40).
     pub max_requests: u32,
     /// Concurrent requests at most, and the N of the concurrency check
-    /// (default 4; below 2 that check is not applicable).
+    /// (default 4, at most [`MAX_CONCURRENCY`]; below 2 that check is not
+    /// applicable).
     pub concurrency: u32,
     /// Pause between checks (default 100 ms).
     pub pause: Duration,
@@ -57,14 +62,15 @@ pub struct Probe {
     pub(crate) redactor: Redactor,
     pub(crate) budget: Budget,
     effect_reads: AtomicU32,
-    /// Ids of successful answers, each with the key it was first answered
-    /// to, to count executions.
-    ids: Mutex<HashMap<String, Option<String>>>,
+    /// Ids of successful answers, by tenant and path (an API may number
+    /// each tenant's or each route's resources on its own), each with the
+    /// key it was first answered to, to count executions.
+    ids: Mutex<HashMap<(bool, String, String), Option<String>>>,
     /// One id was answered to two different keys (or to a key and to no
     /// key): ids do not tell executions apart on this API.
     ids_shared: AtomicBool,
-    /// Every answer, for the checks that read the whole run.
-    pub(crate) answers: Mutex<Vec<Answer>>,
+    /// What the checks that read the whole run need of every answer.
+    pub(crate) answers: Mutex<Vec<Seen>>,
     /// The replay seen by `retry-replays-response`, for `replay-marked`,
     /// and whether it was told a replay by resource ids alone.
     pub(crate) replay: Mutex<Option<(Answer, bool)>>,
@@ -102,8 +108,10 @@ impl Probe {
                 )));
             }
         }
-        if options.concurrency == 0 {
-            return Err(Error::input("--concurrency must be at least 1"));
+        if !(1..=MAX_CONCURRENCY).contains(&options.concurrency) {
+            return Err(Error::input(format!(
+                "--concurrency must be from 1 to {MAX_CONCURRENCY}"
+            )));
         }
         if options.timeout.is_zero() {
             return Err(Error::input("--timeout must be more than zero"));
@@ -254,10 +262,12 @@ impl Probe {
         }
         if let Ok(a) = &result {
             if let Ok(mut all) = self.answers.lock() {
-                all.push(a.clone());
+                all.push(Seen::of(a));
             }
             if let (true, Some(id), Ok(mut ids)) = (a.is_success(), &a.id, self.ids.lock()) {
-                let first_key = ids.entry(id.clone()).or_insert_with(|| req.key.clone());
+                let first_key = ids
+                    .entry((req.second_tenant, req.url.path().to_owned(), id.clone()))
+                    .or_insert_with(|| req.key.clone());
                 if *first_key != req.key {
                     self.ids_shared.store(true, Ordering::SeqCst);
                 }

@@ -56,18 +56,18 @@ impl std::str::FromStr for Header {
 /// ([`crate::ErrorKind::Input`]) without a colon, with an empty name, a name
 /// that is not an HTTP token, or a value with characters HTTP does not allow.
 pub fn parse_header(text: &str) -> Result<Header, Error> {
+    // A refusal never shows the text: a header is often a secret, and a
+    // typo (`X-Api-Key=...`) would print it into a CI log.
     let Some((name, value)) = text.split_once(':') else {
-        return Err(Error::input(format!(
-            "header {:?} is not `Name: value`",
-            shorten(text)
-        )));
+        return Err(Error::input(
+            "a header must be `Name: value` (not shown: it may hold a secret)",
+        ));
     };
     let name = name.trim();
     if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
-        return Err(Error::input(format!(
-            "header name {:?} is not a valid HTTP header name",
-            shorten(name)
-        )));
+        return Err(Error::input(
+            "a header's name is not a valid HTTP header name (not shown: it may hold a secret)",
+        ));
     }
     let value = value.trim();
     if http::HeaderValue::from_str(value).is_err() {
@@ -376,28 +376,36 @@ impl Target {
     }
 }
 
-/// Header names whose values are secrets even outside `--credential`.
+/// Header names whose values are secrets even outside `--credential`:
+/// anything named like an authorization, a cookie or session, a token, a
+/// secret, a key (`X-Api-Key`, `X-Auth-Key`, `Ocp-Apim-Subscription-Key`,
+/// `X-Functions-Key`), a signature, a password or a credential. Better one
+/// value too many hidden than one secret in a CI log.
 pub(crate) fn is_sensitive(name: &str) -> bool {
-    let name = name.to_ascii_lowercase();
-    matches!(
-        name.as_str(),
-        "authorization" | "proxy-authorization" | "cookie" | "set-cookie"
-    ) || name.contains("token")
-        || name.contains("secret")
-        || name.contains("api-key")
-        || name.contains("apikey")
+    let name = name.to_ascii_lowercase().replace('_', "-");
+    matches!(name.as_str(), "cookie" | "set-cookie" | "key")
+        || [
+            "auth",
+            "token",
+            "secret",
+            "apikey",
+            "api-key",
+            "signature",
+            "password",
+            "passwd",
+            "session",
+            "credential",
+        ]
+        .iter()
+        .any(|word| name.contains(word))
+        || name.ends_with("-key")
 }
 
 /// Query parameter names whose values are secrets (`?api_key=`,
 /// `?access_token=`, `?signature=`).
 pub(crate) fn is_sensitive_query(name: &str) -> bool {
     let name = name.to_ascii_lowercase().replace('_', "-");
-    is_sensitive(&name)
-        || name == "key"
-        || name.ends_with("-key")
-        || name.contains("signature")
-        || name.contains("password")
-        || name == "sig"
+    is_sensitive(&name) || name == "sig" || name == "code"
 }
 
 /// `url` with the values of secret query parameters replaced (the URL
@@ -496,6 +504,37 @@ mod tests {
         }
         t.headers = vec![parse_header("X-Tenant: a").unwrap()];
         assert!(t.check().is_ok());
+    }
+
+    /// Secret-looking header names are redacted, the key header's value
+    /// (shown on purpose) and plain headers are not.
+    #[test]
+    fn secret_header_names() {
+        for name in [
+            "Authorization",
+            "X-Auth-Key",
+            "Ocp-Apim-Subscription-Key",
+            "X-Functions-Key",
+            "X-Access-Key",
+            "X-Signature",
+            "X-Session-Id",
+            "Cookie",
+            "x_api_key",
+        ] {
+            assert!(is_sensitive(name), "{name}");
+        }
+        for name in ["Content-Type", "Accept", "X-Tenant", "X-Request-Id"] {
+            assert!(!is_sensitive(name), "{name}");
+        }
+    }
+
+    /// A malformed header's refusal never shows it.
+    #[test]
+    fn a_bad_header_is_not_echoed() {
+        for text in ["X-Api-Key=sk_live_0123456789", "Bad sk_live_0123456789: v"] {
+            let e = parse_header(text).unwrap_err().to_string();
+            assert!(!e.contains("sk_live"), "{e}");
+        }
     }
 
     /// A malformed credential's refusal never shows the credential.

@@ -269,8 +269,9 @@ async fn an_ignored_key_fails_the_rules_that_need_it() {
 }
 
 /// The same, answering one resource id to every key: ids then tell
-/// nothing, and no verdict may rest on them. With an effect count the
-/// second execution is seen.
+/// nothing, and no verdict may rest on them. With an effect count, the
+/// four concurrent executions are seen; the retry's count (+1) and its id
+/// (the same) disagree, which tells nothing either way, and is no pass.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_constant_resource_id_is_not_taken_for_a_replay() {
     let report = fails(
@@ -296,7 +297,7 @@ async fn a_constant_resource_id_is_not_taken_for_a_replay() {
     let all = verdicts(&report);
     assert_eq!(
         verdict_of(&report, "retry-replays-response"),
-        Verdict::Fail,
+        Verdict::CouldNotTell,
         "{all}"
     );
     assert_eq!(
@@ -318,4 +319,36 @@ async fn an_unrouted_other_path_cannot_tell_and_names_other_url() {
         .unwrap();
     assert_eq!(path.verdict, Verdict::CouldNotTell, "{}", verdicts(&report));
     assert!(path.reason.contains("--other-url"), "{}", path.reason);
+}
+
+/// A correct API that numbers each tenant's resources on its own: tenant
+/// two's ids repeat tenant one's, which is no sign of shared ids or of a
+/// replay. Every check passes, with ids alone and with an effect count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ids_numbered_per_tenant_are_not_taken_for_shared_ids() {
+    for effect in [false, true] {
+        let report = probe(Defect::IdsPerTenant, effect).await;
+        let all = verdicts(&report);
+        assert!(
+            report.checks.iter().all(|c| c.verdict == Verdict::Pass),
+            "effect {effect}:\n{all}"
+        );
+    }
+}
+
+/// An effect count that never moves (a cache, a replica) on a server that
+/// ignores keys: where the count and the ids disagree nothing is told, so
+/// no check passes on the count's word.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_effect_count_does_not_overrule_the_ids() {
+    let report = probe(Defect::KeyIgnoredStaleCount, true).await;
+    let all = verdicts(&report);
+    for name in [
+        "retry-replays-response",
+        "reformatted-json-not-executed-twice",
+        "concurrent-duplicates-execute-once",
+    ] {
+        assert_ne!(verdict_of(&report, name), Verdict::Pass, "{name}:\n{all}");
+    }
+    assert!(!report.passed(), "{all}");
 }

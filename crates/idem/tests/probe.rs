@@ -186,7 +186,7 @@ async fn usage_errors_exit_2_with_a_clear_message() {
     let junk = dir.path().join("junk.pem");
     std::fs::write(&junk, "not a certificate").unwrap();
     let junk = junk.to_str().unwrap();
-    let cases: [(&[&str], &str); 12] = [
+    let cases: [(&[&str], &str); 13] = [
         (&["probe", "--body", "{}"], "--url"),
         (&["probe", "--url", "not a url", "--body", "{}"], "--url"),
         (
@@ -208,6 +208,10 @@ async fn usage_errors_exit_2_with_a_clear_message() {
             "--ca-cert",
         ),
         (&[&base[..], &["--ca-cert", junk]].concat(), "--ca-cert"),
+        (
+            &[&base[..], &["--concurrency", "65"]].concat(),
+            "--concurrency",
+        ),
         (
             &[&base[..], &["--other-body", "{}"]].concat(),
             "--other-body",

@@ -9,7 +9,10 @@ use crate::runner::Probe;
 /// `Idempotency-Key-Expires` (not `Expires`, a cache header).
 pub(crate) fn expiry_advertised(probe: &Probe) -> Finding {
     let answers = probe.answers.lock().map(|a| a.clone()).unwrap_or_default();
-    let successes: Vec<_> = answers.iter().filter(|a| a.is_success()).collect();
+    let successes: Vec<_> = answers
+        .iter()
+        .filter(|a| (200..300).contains(&a.status))
+        .collect();
     if successes.is_empty() {
         return Finding::new(Verdict::CouldNotTell, "no successful answer in this run");
     }
@@ -33,12 +36,13 @@ pub(crate) fn expiry_advertised(probe: &Probe) -> Finding {
 pub(crate) fn problem_details(probe: &Probe) -> Finding {
     let answers = probe.answers.lock().map(|a| a.clone()).unwrap_or_default();
     let errors: Vec<_> = answers.iter().filter(|a| a.status >= 400).collect();
+    // Each answer's form was judged when it came (its body is not kept).
     if errors.is_empty() {
         return Finding::new(Verdict::CouldNotTell, "no error answer in this run");
     }
     let bad: Vec<String> = errors
         .iter()
-        .filter(|a| !is_problem(a.content_type.as_deref(), &a.body, a.status))
+        .filter(|a| !a.problem)
         .map(|a| {
             format!(
                 "{} {}",
@@ -58,19 +62,4 @@ pub(crate) fn problem_details(probe: &Probe) -> Finding {
             format!("not RFC 9457 problem+json: {}", bad.join(", ")),
         )
     }
-}
-
-fn is_problem(content_type: Option<&str>, body: &str, status: u16) -> bool {
-    let media = content_type
-        .and_then(|c| c.split(';').next())
-        .map(|c| c.trim().to_ascii_lowercase());
-    if media.as_deref() != Some("application/problem+json") {
-        return false;
-    }
-    let Ok(v) = serde_json::from_str::<serde_json::Value>(body) else {
-        return false;
-    };
-    v.get("type").is_some_and(serde_json::Value::is_string)
-        && v.get("title").is_some_and(serde_json::Value::is_string)
-        && v.get("status").and_then(serde_json::Value::as_u64) == Some(u64::from(status))
 }

@@ -166,10 +166,7 @@ pub(crate) async fn reformatted_json(probe: &Probe) -> Finding {
             Verdict::Fail,
             "the equal JSON executed a second time".to_owned(),
         ),
-        Outcome::Unknown => (
-            Verdict::CouldNotTell,
-            "nothing tells a replay from a new execution".to_owned(),
-        ),
+        Outcome::Unknown => (Verdict::CouldNotTell, p.unknown_reason()),
     };
     let mut finding = Finding::with(verdict, reason, ev);
     finding.by_id = p.by_id && matches!(p.outcome, Outcome::Separate | Outcome::Replayed);

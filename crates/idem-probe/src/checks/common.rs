@@ -49,6 +49,22 @@ pub(crate) struct Pair {
     pub(crate) outcome: Outcome,
     /// The outcome rests on comparing resource ids (no effect count).
     pub(crate) by_id: bool,
+    /// The effect count's change across the second, when read.
+    pub(crate) delta: Option<i64>,
+}
+
+impl Pair {
+    /// Why nothing told a replay from a new execution.
+    pub(crate) fn unknown_reason(&self) -> String {
+        match self.delta {
+            Some(d) if self.first.id.is_some() && self.second.id.is_some() => format!(
+                "the effect count moved by {d} and the resource ids say otherwise: nothing told"
+            ),
+            Some(d) if d < 0 => "the effect count went down (other traffic): nothing told".to_owned(),
+            _ if self.second.same_as(&self.first) => "the same answer as the first, and no --id-pointer, Location or --effect-url tells a replay from a new execution".to_owned(),
+            _ => format!("answered {}: nothing tells whether it executed", self.second.status),
+        }
+    }
 }
 
 /// Sends `first`, then `second` (the effect count read around `second`
@@ -92,6 +108,7 @@ pub(crate) async fn pair(
         second,
         outcome,
         by_id,
+        delta,
     })
 }
 
@@ -143,22 +160,27 @@ pub(crate) async fn must_not_replay(probe: &Probe, v: Option<Variation>) -> Find
     };
     let (verdict, reason) = match p.outcome {
         Outcome::Rejected => return control(probe, &v, &p, ev).await,
+        // Another tenant's or another route's resources may be numbered
+        // on their own: an equal id there is no proof of a replay.
+        Outcome::Replayed if !v.counted && p.by_id && !p.second.marked_replay() => (
+            Verdict::CouldNotTell,
+            format!(
+                "answered the first request's resource id ({}), which another tenant's or route's own numbering would give too, and no Idempotent-Replayed marks it a replay",
+                p.second.status
+            ),
+        ),
         Outcome::Separate => (Verdict::Pass, "executed on its own".to_owned()),
         Outcome::Replayed => (
             Verdict::Fail,
-            format!("answered with the first request's result ({})", p.first.status),
+            format!(
+                "answered with the first request's result ({})",
+                p.first.status
+            ),
         ),
-        Outcome::Unknown if p.second.same_as(&p.first) => (
-            Verdict::CouldNotTell,
-            "the same answer as the first, and no --id-pointer, Location or --effect-url tells a replay from a new execution".to_owned(),
-        ),
-        Outcome::Unknown => (
-            Verdict::CouldNotTell,
-            format!("answered {}: nothing tells whether it executed", p.second.status),
-        ),
+        Outcome::Unknown => (Verdict::CouldNotTell, p.unknown_reason()),
     };
     let mut finding = Finding::with(verdict, reason, ev);
-    finding.by_id = p.by_id && matches!(p.outcome, Outcome::Separate | Outcome::Replayed);
+    finding.by_id = p.by_id && matches!(finding.verdict, Verdict::Pass | Verdict::Fail);
     finding
 }
 

@@ -38,7 +38,14 @@ pub(crate) async fn execute_once(probe: &Probe) -> Finding {
         + answers
             .iter()
             .filter(|a| !a.is_success() && a.status != 409)
-            .count();
+            .count()
+        // With ids to judge by, a success without one may have executed
+        // unseen.
+        + if probe.detection.id_pointer.is_some() {
+            successes.iter().filter(|a| a.id.is_none()).count()
+        } else {
+            0
+        };
     let ids: HashSet<_> = successes.iter().filter_map(|a| a.id.as_ref()).collect();
     let mut by_id = false;
     let (verdict, reason) = if let Some(d) = before.zip(after).and_then(|(b, a)| a.checked_sub(b)) {
@@ -148,6 +155,19 @@ pub(crate) async fn in_flight(probe: &Probe) -> Finding {
             Verdict::Fail,
             "the duplicate got 409 without Retry-After".to_owned(),
         ),
+        // A limit, a credential or an outage says nothing of the key.
+        None if [&a, &b]
+            .iter()
+            .any(|x| x.is_auth_refusal() || matches!(x.status, 408 | 429) || x.status >= 500) =>
+        {
+            (
+                Verdict::CouldNotTell,
+                format!(
+                    "answered {} and {}: a limit, a credential or an outage, not the key",
+                    a.status, b.status
+                ),
+            )
+        }
         None if !a.is_success() || !b.is_success() => (
             Verdict::Fail,
             format!(

@@ -53,6 +53,24 @@ pub(crate) async fn deterministic_replayed(probe: &Probe) -> Finding {
                 first.status
             ),
         )
+    } else if second.status == first.status {
+        // A 4xx changed nothing: the same refusal computed again (a fresh
+        // trace id or `instance` in its body) serves the client as well.
+        (
+            Verdict::Pass,
+            format!(
+                "the retry got {} again, its body not identical (computed again, not replayed)",
+                first.status
+            ),
+        )
+    } else if second.is_auth_refusal() || !second.is_refusal() && second.status != 409 {
+        (
+            Verdict::CouldNotTell,
+            format!(
+                "the retry got {} after {}: a credential, a limit or an outage, not the key",
+                second.status, first.status
+            ),
+        )
     } else if second.status == 409 {
         (
             Verdict::Fail,
@@ -110,11 +128,21 @@ pub(crate) async fn transient_not_stored(probe: &Probe) -> Finding {
             Verdict::Fail,
             format!("the transient {} was stored and replayed", first.status),
         )
-    } else {
+    } else if second.is_refusal() && !second.is_auth_refusal() {
         (
             Verdict::Fail,
             format!(
                 "the key stayed bound to the failed request: the next got {}",
+                second.status
+            ),
+        )
+    } else {
+        // Another 5xx, 429 or 408 (an outage that lasts, a rate limit),
+        // or a credential refused: nothing said about the key.
+        (
+            Verdict::CouldNotTell,
+            format!(
+                "the next request got {}: an outage, a limit or a credential, not the key",
                 second.status
             ),
         )

@@ -49,22 +49,34 @@ pub(crate) async fn retry_replays_response(probe: &Probe) -> Finding {
         Ok(p) => p,
         Err(e) => return Finding::with(Verdict::CouldNotTell, e, ev),
     };
-    // A retry that executed again is no replay to judge the marker of.
-    if let (false, Ok(mut r)) = (p.outcome == Outcome::Separate, probe.replay.lock()) {
+    // Only a retry told to be a replay has a marker to judge.
+    if let (true, Ok(mut r)) = (p.outcome == Outcome::Replayed, probe.replay.lock()) {
         *r = Some((p.second.clone(), p.by_id));
     }
     let differences = differences(&p.first, &p.second);
     let (verdict, reason) = match p.outcome {
         Outcome::Separate => (Verdict::Fail, "the retry executed again".to_owned()),
+        _ if p.second.status >= 500
+            || matches!(p.second.status, 408 | 429)
+            || p.second.is_auth_refusal() =>
+        {
+            (
+                Verdict::CouldNotTell,
+                format!(
+                    "the retry got {}: an outage, a limit or a credential, which says nothing of the key",
+                    p.second.status
+                ),
+            )
+        }
         _ if !differences.is_empty() => (
             Verdict::Fail,
             format!("the retry's answer differs: {}", differences.join("; ")),
         ),
-        Outcome::Replayed => (Verdict::Pass, format!("replayed {} with the same body and headers", p.first.status)),
-        _ => (
-            Verdict::CouldNotTell,
-            "the same answer, but no --id-pointer, Location, --effect-url or Idempotent-Replayed tells a replay from a second execution".to_owned(),
+        Outcome::Replayed => (
+            Verdict::Pass,
+            format!("replayed {} with the same body and headers", p.first.status),
         ),
+        _ => (Verdict::CouldNotTell, p.unknown_reason()),
     };
     let mut finding = Finding::with(verdict, reason, ev);
     // A difference in the answers fails whatever the ids say.
@@ -109,7 +121,7 @@ pub(crate) fn replay_marked(probe: &Probe) -> Finding {
     let mut finding = match replay.map(|(a, _)| a) {
         None => Finding::new(
             Verdict::CouldNotTell,
-            "retry-replays-response did not run, got no answer, or saw the retry execute again",
+            "retry-replays-response did not run, or nothing told that its retry was a replay",
         ),
         Some(a) if a.marked_replay() => Finding::new(
             Verdict::Pass,

@@ -40,6 +40,11 @@ pub enum Defect {
     /// One key space for every credential, the credential fingerprinted:
     /// another tenant's request with a used key is refused (422).
     TenantsMergedRefusing,
+    /// Correct, numbering each tenant's resources on its own (tenant two's
+    /// first order is id 1 too).
+    IdsPerTenant,
+    /// As `KeyIgnored`, and `/count` never moves (a cache, a replica).
+    KeyIgnoredStaleCount,
 }
 
 #[derive(Clone)]
@@ -61,6 +66,8 @@ struct State {
     /// First requests waiting for a duplicate to overlap with them.
     pending: Mutex<HashMap<String, Arc<Notify>>>,
     executions: AtomicU64,
+    /// Executions by credential (`IdsPerTenant`).
+    per_tenant: Mutex<HashMap<String, u64>>,
 }
 
 /// The server's base URL (`http://127.0.0.1:PORT`); it serves `POST` on
@@ -72,13 +79,18 @@ pub async fn serve(defect: Defect) -> String {
         records: Mutex::default(),
         pending: Mutex::default(),
         executions: AtomicU64::new(0),
+        per_tenant: Mutex::default(),
     });
     let count = state.clone();
     let app = Router::new()
         .route(
             "/count",
             get(move || async move {
-                format!("{{\"count\":{}}}", count.executions.load(Ordering::SeqCst))
+                let n = match count.defect {
+                    Defect::KeyIgnoredStaleCount => 0,
+                    _ => count.executions.load(Ordering::SeqCst),
+                };
+                format!("{{\"count\":{n}}}")
             }),
         )
         .fallback(move |uri: Uri, headers: HeaderMap, body: Bytes| {
@@ -147,8 +159,16 @@ async fn handle(state: &State, uri: &Uri, headers: &HeaderMap, body: &Bytes) -> 
             &[],
         );
     }
-    if matches!(defect, Defect::KeyIgnored | Defect::KeyIgnoredConstantId) {
-        let mut answer = execute(state, &value);
+    let credential = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    if matches!(
+        defect,
+        Defect::KeyIgnored | Defect::KeyIgnoredConstantId | Defect::KeyIgnoredStaleCount
+    ) {
+        let mut answer = execute(state, &value, &credential);
         if defect == Defect::KeyIgnoredConstantId && answer.status.is_success() {
             answer.location = Some("/orders/1".to_owned());
             answer.body = "{\"id\":1}".to_owned();
@@ -157,15 +177,10 @@ async fn handle(state: &State, uri: &Uri, headers: &HeaderMap, body: &Bytes) -> 
     }
     let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()) else {
         if defect == Defect::KeyOptional {
-            return respond(&execute(state, &value), false, &[]);
+            return respond(&execute(state, &value, &credential), false, &[]);
         }
         return respond(&problem(StatusCode::BAD_REQUEST, "key-missing"), false, &[]);
     };
-    let credential = headers
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_owned();
     let tenant = match defect {
         Defect::TenantsMerged | Defect::TenantsMergedRefusing => String::new(),
         _ => credential.clone(),
@@ -198,7 +213,7 @@ async fn handle(state: &State, uri: &Uri, headers: &HeaderMap, body: &Bytes) -> 
     // check's first request). A duplicate the probe sends at once would
     // have to be delayed past it for the race to be missed.
     overlap(state, key).await;
-    let answer = execute(state, &value);
+    let answer = execute(state, &value, &credential);
     let transient =
         answer.status.is_server_error() || answer.status == StatusCode::TOO_MANY_REQUESTS;
     let mut records = state.records.lock().unwrap();
@@ -278,12 +293,18 @@ async fn overlap(state: &State, key: &str) {
     state.pending.lock().unwrap().remove(key);
 }
 
-fn execute(state: &State, value: &serde_json::Value) -> Stored {
+fn execute(state: &State, value: &serde_json::Value, credential: &str) -> Stored {
     if let Some(code) = value.get("fail").and_then(serde_json::Value::as_u64) {
         let status = StatusCode::from_u16(u16::try_from(code).unwrap()).unwrap();
         return problem(status, "operation-failed");
     }
-    let id = state.executions.fetch_add(1, Ordering::SeqCst) + 1;
+    let mut id = state.executions.fetch_add(1, Ordering::SeqCst) + 1;
+    if state.defect == Defect::IdsPerTenant {
+        let mut per_tenant = state.per_tenant.lock().unwrap();
+        let n = per_tenant.entry(credential.to_owned()).or_default();
+        *n += 1;
+        id = *n;
+    }
     Stored {
         status: StatusCode::CREATED,
         location: Some(format!("/orders/{id}")),
