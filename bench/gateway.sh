@@ -26,6 +26,11 @@
 # Redis. Those are the test databases: the bench drops their `idem`
 # schema / `idem:` keys before and after its rows (a run leaves a million
 # records behind otherwise, and the Redis tests' SCANs then crawl).
+# With IDEM_TEST_MYSQL_URL set, a MariaDB/MySQL row too (the bench drops
+# the `idem` database around it). IDEM_BENCH_PERF=DIR records `perf
+# record -g` profiles of the gateway and of the store server's processes
+# during each shared store's new-keys row, into DIR (profile before
+# optimising: `perf report -i DIR/postgres.gateway.data`).
 # IDEM_BENCH_BIN runs another idem binary (an older build, for
 # before/after); IDEM_BENCH_ROWS picks rows by name (a grep -E pattern).
 # IDEM_BENCH_ROUNDS (default 1) runs the whole table that many times and
@@ -205,7 +210,17 @@ row() {
     before="$(cpu_ticks "$pid")"
     preempted_before="$(preemptions "$pid")"
     [ -n "$store_process" ] && store_before="$(store_ticks "$store_process")"
+    local perfs=()
+    if [ -n "${IDEM_BENCH_PERF:-}" ] && [ -n "$store_process" ] && [ "$script" = new ]; then
+        mkdir -p "$IDEM_BENCH_PERF"
+        local tag="${store_process%%-*}"
+        perf record -q -g -o "$IDEM_BENCH_PERF/$tag.gateway.data" -p "$pid" -- sleep "$SECS" >/dev/null 2>&1 &
+        perfs+=($!)
+        perf record -q -g -o "$IDEM_BENCH_PERF/$tag.server.data" -p "$(pgrep -d, -x "$store_process")" -- sleep "$SECS" >/dev/null 2>&1 &
+        perfs+=($!)
+    fi
     out="$(wrk -t2 -c"$CONNS" -d"${SECS}s" --latency -s "$lua" "$url")"
+    for p in "${perfs[@]}"; do wait "$p" || true; done
     after="$(cpu_ticks "$pid")"
     preempted_after="$(preemptions "$pid")"
     [ -n "$store_process" ] && store_after="$(store_ticks "$store_process")"
@@ -253,11 +268,27 @@ gateway() {
     fi
     local server=""
     case "$store" in postgres*) server=postgres ;; redis*) server=redis-server ;; mysql*) server=mariadbd ;; esac
+    # Redis's own account of its work (per command, scripts' inner calls
+    # included) over the new-keys row, beside the profiles.
+    if [ "$name" = redis ] && [ -n "${IDEM_BENCH_PERF:-}" ]; then
+        redis-cli -u "$IDEM_TEST_REDIS_URL" config resetstat >/dev/null
+    fi
     row "idem $name new keys" "http://127.0.0.1:$port/transfers" new "$pid" "$server"
+    if [ "$name" = redis ] && [ -n "${IDEM_BENCH_PERF:-}" ]; then
+        redis-cli -u "$IDEM_TEST_REDIS_URL" info commandstats >"$IDEM_BENCH_PERF/redis.commandstats.txt"
+    fi
     row "idem $name replays" "http://127.0.0.1:$port/transfers" replay "$pid" "$server"
     kill "$pid"; wait "$pid" 2>/dev/null || true
 }
 
+drop_mysql() {
+    python3 - "$IDEM_TEST_MYSQL_URL" <<'PY' 2>/dev/null || true
+import subprocess, sys, urllib.parse
+u = urllib.parse.urlparse(sys.argv[1])
+subprocess.run(["mariadb", "-h", u.hostname or "127.0.0.1", "-P", str(u.port or 3306),
+                "-u", u.username or "root", "-e", "DROP DATABASE IF EXISTS idem"], check=False)
+PY
+}
 drop_postgres() {
     psql -q "$IDEM_TEST_POSTGRES_URL" -c 'DROP SCHEMA IF EXISTS idem CASCADE' >/dev/null 2>&1 || true
 }
@@ -280,6 +311,11 @@ for ROUND in $(seq 1 "$ROUNDS"); do
         drop_postgres
         gateway postgres "$IDEM_TEST_POSTGRES_URL"
         drop_postgres
+    fi
+    if [ -n "${IDEM_TEST_MYSQL_URL:-}" ]; then
+        drop_mysql
+        gateway mysql "$IDEM_TEST_MYSQL_URL"
+        drop_mysql
     fi
     if [ -n "${IDEM_TEST_REDIS_URL:-}" ]; then
         drop_redis
