@@ -52,15 +52,21 @@ if ARGV[7] == '1' then
 else
   f = redis.call('INCR', KEYS[2])
 end
-redis.call('DEL', KEYS[1])
+-- A key that holds a record (or anything) is cleared first, so that no
+-- field of its last answer survives; a new key has nothing to clear.
+if r[1] or r[2] or r[3] or r[4] or r[5] or r[6] or r[7] or r[8] or r[9] or r[10] then
+  redis.call('DEL', KEYS[1])
+end
 redis.call('HSET', KEYS[1], 'fp', ARGV[1], 'st', '0', 'fence', f, 'ca', ARGV[2], 'lu', ARGV[3], 'ea', ARGV[4])
 redis.call('PEXPIREAT', KEYS[1], ARGV[6])
 redis.call('ZADD', KEYS[3], ARGV[3], KEYS[1])
 -- The (scope, key) index lives at least as long as its longest-lived record.
 -- GT alone never sets a TTL on a key without one (it counts as infinite), so
 -- NX covers a new index.
+-- NX first: a new index (the common case, one operation per key) takes
+-- its TTL in one call; an index with a TTL only ever moves it later.
 redis.call('ZADD', KEYS[4], ARGV[2], ARGV[5])
-if redis.call('PEXPIREAT', KEYS[4], ARGV[6], 'GT') == 0 then
-  redis.call('PEXPIREAT', KEYS[4], ARGV[6], 'NX')
+if redis.call('PEXPIREAT', KEYS[4], ARGV[6], 'NX') == 0 then
+  redis.call('PEXPIREAT', KEYS[4], ARGV[6], 'GT')
 end
 return {taken, f, ARGV[2], ARGV[3], ARGV[4], '0', '', '', '', ''}
