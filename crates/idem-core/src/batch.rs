@@ -131,6 +131,112 @@ async fn dispatch<Call, Answer, F, Fut>(
     }
 }
 
+/// A completion to store, as a batch carries it: the record, its fence
+/// (as the store keeps it) and the completion.
+pub type CompletionCall = (crate::RecordId, i64, crate::Completion);
+/// A release, as a batch carries it: the record and its fence.
+pub type ReleaseCall = (crate::RecordId, i64);
+/// A batched store call's answer.
+type Answered<T> = Result<T, crate::StoreError>;
+
+/// A store's three batchers: claims, completions and releases, each with
+/// its own queue and batches, sent by the store's batch functions.
+#[derive(Debug)]
+pub struct StoreBatchers {
+    /// Claims.
+    pub claims: Batcher<crate::ClaimRequest, Answered<crate::Claim>>,
+    /// Completions.
+    pub completions: Batcher<CompletionCall, Answered<crate::Settled>>,
+    /// Releases.
+    pub releases: Batcher<ReleaseCall, Answered<crate::Settled>>,
+}
+
+impl StoreBatchers {
+    /// Batchers of at most `max_batch` calls, at most `in_flight` batches
+    /// of each kind at once, sent by the three functions.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub fn spawn<C, CF, M, MF, R, RF>(
+        in_flight: usize,
+        max_batch: usize,
+        claims: C,
+        completions: M,
+        releases: R,
+    ) -> StoreBatchers
+    where
+        C: Fn(Vec<crate::ClaimRequest>) -> CF + Send + Sync + 'static,
+        CF: Future<Output = Vec<Answered<crate::Claim>>> + Send + 'static,
+        M: Fn(Vec<CompletionCall>) -> MF + Send + Sync + 'static,
+        MF: Future<Output = Vec<Answered<crate::Settled>>> + Send + 'static,
+        R: Fn(Vec<ReleaseCall>) -> RF + Send + Sync + 'static,
+        RF: Future<Output = Vec<Answered<crate::Settled>>> + Send + 'static,
+    {
+        StoreBatchers {
+            claims: Batcher::spawn(in_flight, max_batch, claims),
+            completions: Batcher::spawn(in_flight, max_batch, completions),
+            releases: Batcher::spawn(in_flight, max_batch, releases),
+        }
+    }
+}
+
+impl BatchLost {
+    /// What a caller whose batch ended without its answer gets from the
+    /// store called `store`: the call's outcome is unknown, so it fails
+    /// (closed), as `Unavailable`.
+    pub fn into_store_error(self, store: &str) -> crate::StoreError {
+        crate::StoreError::new(
+            crate::StoreErrorKind::Unavailable,
+            format!("{store} store: the batch carrying this call ended without answering it"),
+        )
+    }
+}
+
+/// The positions of `ids` in the order a batch runs them: by id (scope,
+/// operation, key), calls with the same id in arrival order. Two batches
+/// that lock the rows they share in this one order cannot deadlock each
+/// other; a duplicate within a batch runs after the call it duplicates,
+/// and sees it.
+pub fn in_id_order<'a>(ids: impl Iterator<Item = &'a crate::RecordId>) -> Vec<usize> {
+    let ids: Vec<&crate::RecordId> = ids.collect();
+    let mut order: Vec<usize> = (0..ids.len()).collect();
+    // Stable: equal ids keep their arrival order.
+    order.sort_by(|&a, &b| {
+        let (x, y) = (ids[a], ids[b]);
+        (x.scope.as_str(), x.operation.as_str(), x.key.as_str()).cmp(&(
+            y.scope.as_str(),
+            y.operation.as_str(),
+            y.key.as_str(),
+        ))
+    });
+    order
+}
+
+/// Each call alone, in order: a batch of one, or a batch the server
+/// refused (so that a call that poisoned it fails only itself).
+pub async fn one_by_one<'c, C, A, Fut>(calls: &'c [C], one: impl Fn(&'c C) -> Fut) -> Vec<A>
+where
+    Fut: Future<Output = A>,
+{
+    let mut answers = Vec::with_capacity(calls.len());
+    for call in calls {
+        answers.push(one(call).await);
+    }
+    answers
+}
+
+/// `n` copies of one failure: a batch whose outcome is unknown (the
+/// connection failed under it) fails every call in it, closed.
+pub fn all_failed<T>(
+    n: usize,
+    kind: crate::StoreErrorKind,
+    message: &str,
+) -> Vec<Result<T, crate::StoreError>> {
+    (0..n)
+        .map(|_| Err(crate::StoreError::new(kind, message.to_owned())))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -163,7 +163,7 @@ impl MysqlStore {
                 return Ok(ClaimedAtomically::Ran(Atomic::Failed(e)));
             }
         };
-        if let Err(e) = self.check_fits(&completion) {
+        if let Err(e) = self.inner.check_fits(&completion) {
             let _ = tx.rollback().await;
             return Err(e);
         }

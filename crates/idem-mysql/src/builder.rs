@@ -161,14 +161,16 @@ impl MysqlStoreBuilder {
         let max_packet = schema::check_server(&mut conn).await?;
         schema::migrate(&mut conn, &self.database).await?;
         drop(conn);
+        let inner = Arc::new(Inner {
+            pool,
+            wait: self.wait,
+            max_packet,
+            sql: Statements::new(&self.database),
+            database: self.database,
+        });
         Ok(MysqlStore {
-            inner: Arc::new(Inner {
-                pool,
-                wait: self.wait,
-                max_packet,
-                sql: Statements::new(&self.database),
-                database: self.database,
-            }),
+            batches: Arc::new(crate::batch::spawn(&inner)),
+            inner,
         })
     }
 }

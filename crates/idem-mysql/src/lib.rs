@@ -17,12 +17,16 @@
 //!
 //! # Behavior
 //!
-//! - MySQL 8 and MariaDB 10.11 (InnoDB). Every store operation is one
-//!   statement and one round trip, prepared and cached per connection. A
-//!   claim calls the `idem_claim` procedure (created by the migration),
-//!   which locks the record, decides by docs/contract.md, *Records and
-//!   their state machine*, writes and commits in one transaction of its
-//!   own.
+//! - MySQL 8 and MariaDB 10.11 (InnoDB). Claims, completions and
+//!   releases of concurrent requests are gathered into batches (group
+//!   commit, `batch.rs`): one transaction, one round trip and one commit
+//!   for many calls, each call answered as it would be alone; a call
+//!   alone goes at once, without waiting for others. Every other
+//!   operation is one statement and one round trip, prepared and cached
+//!   per connection. A claim calls the `idem_claim` procedure (created by
+//!   the migration; `idem_claim_in_tx` in a batch), which locks the
+//!   record, decides by docs/contract.md, *Records and their state
+//!   machine*, and writes.
 //! - The tables live in a database of their own (default `idem`), created
 //!   and migrated on connect under a named lock (`GET_LOCK`), so instances
 //!   that start together migrate once. A schema newer than this code is
@@ -48,6 +52,7 @@
 //! [`StoreErrorKind::Unavailable`]: idem_core::StoreErrorKind::Unavailable
 
 mod atomic;
+mod batch;
 mod builder;
 mod durability;
 mod error;
@@ -62,6 +67,8 @@ pub use idem_core::Atomic;
 pub use mysql_async::Error as MysqlError;
 pub use store::MysqlStore;
 
+#[cfg(test)]
+mod batch_tests;
 #[cfg(test)]
 mod tests;
 

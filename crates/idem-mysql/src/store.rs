@@ -1,5 +1,7 @@
-//! The store: its pool and statements, and the `Store` operations, each
-//! one statement on a pooled connection.
+//! The store: its pool and statements, and the `Store` operations: claims,
+//! completions and releases through the batchers (`batch.rs`), whose
+//! single-call path is here too; every other operation one statement on
+//! a pooled connection.
 
 use std::fmt;
 use std::sync::Arc;
@@ -13,17 +15,23 @@ use idem_core::{
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Pool, Row, TxOpts};
 
+use crate::batch::lost;
 use crate::error::{corrupt, is_deadlock, my_error};
 use crate::row;
 use crate::schema::{self, Statements};
+use idem_core::batch::StoreBatchers;
 
 /// How many times a claim that lost a deadlock is run again.
 pub(crate) const DEADLOCK_RETRIES: usize = 8;
 
-/// The MySQL or MariaDB store. Clones share one pool.
+/// The MySQL or MariaDB store. Clones share one pool and one set of
+/// batchers.
 #[derive(Clone)]
 pub struct MysqlStore {
     pub(crate) inner: Arc<Inner>,
+    /// Claims, completions and releases gathered into transactions
+    /// (`batch.rs`); the batchers hold `inner`, not the other way round.
+    pub(crate) batches: Arc<StoreBatchers>,
 }
 
 pub(crate) struct Inner {
@@ -111,6 +119,24 @@ impl MysqlStore {
         .map_err(|e| my_error("dropping the database", e))
     }
 
+    /// A pooled connection, within the connect timeout.
+    pub(crate) async fn conn(&self) -> Result<Conn, StoreError> {
+        self.inner.conn().await
+    }
+}
+
+impl Inner {
+    /// A pooled connection, within the connect timeout.
+    pub(crate) async fn conn(&self) -> Result<Conn, StoreError> {
+        match tokio::time::timeout(self.wait, self.pool.get_conn()).await {
+            Ok(conn) => conn.map_err(|e| my_error("connecting", e)),
+            Err(_) => Err(StoreError::new(
+                StoreErrorKind::Unavailable,
+                "mysql store: no connection available",
+            )),
+        }
+    }
+
     /// Refuses a completion the server would not take in one packet
     /// (`max_allowed_packet`): a clear error before the effect's record is
     /// attempted, instead of a broken connection. Keep the gateway's
@@ -120,27 +146,97 @@ impl MysqlStore {
             + completion.response.encode_headers().len()
             + completion.resource_id.as_ref().map_or(0, String::len)
             + 4096;
-        if size as u64 > self.inner.max_packet {
+        if size as u64 > self.max_packet {
             return Err(StoreError::new(
                 StoreErrorKind::Backend,
                 format!(
                     "mysql store: a completion of {size} bytes does not fit the server's max_allowed_packet ({})",
-                    self.inner.max_packet
+                    self.max_packet
                 ),
             ));
         }
         Ok(())
     }
 
-    /// A pooled connection, within the connect timeout.
-    pub(crate) async fn conn(&self) -> Result<Conn, StoreError> {
-        match tokio::time::timeout(self.inner.wait, self.inner.pool.get_conn()).await {
-            Ok(conn) => conn.map_err(|e| my_error("connecting", e)),
+    /// How long a call the batchers run may take before it is dropped
+    /// mid-flight, its connection with it: calls run in the batchers'
+    /// tasks, which no caller's deadline cuts off, and a server that stops
+    /// answering without a word would otherwise hold them (and their
+    /// connections) until TCP gives up, minutes later.
+    pub(crate) fn call_bound(&self) -> Duration {
+        self.wait * 2
+    }
+
+    /// `call` within [`call_bound`](Self::call_bound); past it, dropped
+    /// with its connection, and the outcome is unknown (`Unavailable`).
+    pub(crate) async fn bounded<T>(
+        &self,
+        what: &str,
+        call: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.call_bound(), call).await {
+            Ok(answer) => answer,
             Err(_) => Err(StoreError::new(
                 StoreErrorKind::Unavailable,
-                "mysql store: no connection available",
+                format!("mysql store: {what}: no answer in time"),
             )),
         }
+    }
+
+    /// One claim in a transaction of its own (the claim procedure's).
+    pub(crate) async fn claim_one(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
+        check_id(&req.id)?;
+        self.bounded("claiming", async {
+            let mut conn = self.conn().await?;
+            let params = claim_params(req);
+            let mut tries = 0;
+            let row: Option<Row> = loop {
+                match conn.exec_first(&self.sql.claim, params).await {
+                    Err(e) if is_deadlock(&e) && tries < DEADLOCK_RETRIES => tries += 1,
+                    other => break other.map_err(|e| my_error("claiming", e))?,
+                }
+            };
+            row::claim_from_row(req, row.as_ref())
+        })
+        .await
+    }
+
+    /// One completion, autocommitted.
+    pub(crate) async fn complete_one(
+        &self,
+        id: &RecordId,
+        fence: i64,
+        completion: &Completion,
+    ) -> Result<Settled, StoreError> {
+        self.bounded("completing", async {
+            let mut conn = self.conn().await?;
+            complete_with(&mut conn, &self.sql.complete, id, fence, completion).await
+        })
+        .await
+    }
+
+    /// One release, autocommitted.
+    pub(crate) async fn release_one(
+        &self,
+        id: &RecordId,
+        fence: i64,
+    ) -> Result<Settled, StoreError> {
+        self.bounded("releasing", async {
+            let mut conn = self.conn().await?;
+            conn.exec_drop(
+                &self.sql.release,
+                (
+                    id.scope.as_str(),
+                    id.operation.as_str(),
+                    id.key.as_str(),
+                    fence,
+                ),
+            )
+            .await
+            .map_err(|e| my_error("releasing", e))?;
+            Ok(Settled::from_changed(conn.affected_rows()))
+        })
+        .await
     }
 }
 
@@ -148,16 +244,7 @@ impl Store for MysqlStore {
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Claim, StoreError>> {
         Box::pin(async move {
             check_id(&req.id)?;
-            let mut conn = self.conn().await?;
-            let params = claim_params(req);
-            let mut tries = 0;
-            let row: Option<Row> = loop {
-                match conn.exec_first(&self.inner.sql.claim, params).await {
-                    Err(e) if is_deadlock(&e) && tries < DEADLOCK_RETRIES => tries += 1,
-                    other => break other.map_err(|e| my_error("claiming", e))?,
-                }
-            };
-            row::claim_from_row(req, row.as_ref())
+            self.batches.claims.call(req.clone()).await.map_err(lost)?
         })
     }
 
@@ -173,9 +260,12 @@ impl Store for MysqlStore {
                 return Ok(Settled::StaleFence);
             };
             check_id(id)?;
-            self.check_fits(&completion)?;
-            let mut conn = self.conn().await?;
-            complete_with(&mut conn, &self.inner.sql.complete, id, fence, &completion).await
+            self.inner.check_fits(&completion)?;
+            self.batches
+                .completions
+                .call((id.clone(), fence, completion))
+                .await
+                .map_err(lost)?
         })
     }
 
@@ -190,19 +280,11 @@ impl Store for MysqlStore {
                 return Ok(Settled::StaleFence);
             };
             check_id(id)?;
-            let mut conn = self.conn().await?;
-            conn.exec_drop(
-                &self.inner.sql.release,
-                (
-                    id.scope.as_str(),
-                    id.operation.as_str(),
-                    id.key.as_str(),
-                    fence,
-                ),
-            )
-            .await
-            .map_err(|e| my_error("releasing", e))?;
-            Ok(Settled::from_changed(conn.affected_rows()))
+            self.batches
+                .releases
+                .call((id.clone(), fence))
+                .await
+                .map_err(lost)?
         })
     }
 

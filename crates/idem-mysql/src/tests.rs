@@ -11,7 +11,7 @@ use super::*;
 
 /// The MySQL or MariaDB at `IDEM_TEST_MYSQL_URL`; each store on a
 /// database of its own.
-struct TestMysql;
+pub(crate) struct TestMysql;
 
 impl IsolatedBackend for TestMysql {
     type Store = MysqlStore;

@@ -24,8 +24,8 @@
 use std::sync::Arc;
 
 use deadpool_postgres::Pool;
-use idem_core::batch::{BatchLost, Batcher};
-use idem_core::{Claim, ClaimRequest, Completion, RecordId, Settled, StoreError, StoreErrorKind};
+use idem_core::batch::{BatchLost, StoreBatchers, all_failed, in_id_order, one_by_one};
+use idem_core::{Claim, ClaimRequest, Settled, StoreError, StoreErrorKind};
 use tokio_postgres::Row;
 
 use crate::error::pg_error;
@@ -39,65 +39,26 @@ const IN_FLIGHT: usize = 2;
 /// The most calls in one batch.
 const MAX_BATCH: usize = 256;
 
-/// A completion to store: the record, its fence (as stored) and the
-/// completion.
-pub(crate) type CompletionCall = (RecordId, i64, Completion);
-/// A release: the record and its fence (as stored).
-pub(crate) type ReleaseCall = (RecordId, i64);
+pub(crate) use idem_core::batch::{CompletionCall, ReleaseCall};
 
-/// The store's three batchers.
-pub(crate) struct Batches {
-    pub(crate) claims: Batcher<ClaimRequest, Result<Claim, StoreError>>,
-    pub(crate) completions: Batcher<CompletionCall, Result<Settled, StoreError>>,
-    pub(crate) releases: Batcher<ReleaseCall, Result<Settled, StoreError>>,
-}
-
-impl Batches {
-    /// Batchers sending on `pool` with `sql`. Must run in a tokio runtime.
-    pub(crate) fn spawn(pool: &Pool, sql: &Arc<Statements>) -> Batches {
-        let (p, s) = (pool.clone(), sql.clone());
-        let claims = Batcher::spawn(IN_FLIGHT, MAX_BATCH, move |calls| {
-            claims(p.clone(), s.clone(), calls)
-        });
-        let (p, s) = (pool.clone(), sql.clone());
-        let completions = Batcher::spawn(IN_FLIGHT, MAX_BATCH, move |calls| {
-            completions(p.clone(), s.clone(), calls)
-        });
-        let (p, s) = (pool.clone(), sql.clone());
-        let releases = Batcher::spawn(IN_FLIGHT, MAX_BATCH, move |calls| {
-            releases(p.clone(), s.clone(), calls)
-        });
-        Batches {
-            claims,
-            completions,
-            releases,
-        }
-    }
-}
-
-/// What a caller whose batch ended without its answer gets: the store
-/// call's outcome is unknown, so it fails (closed).
-pub(crate) fn lost(_: BatchLost) -> StoreError {
-    StoreError::new(
-        StoreErrorKind::Unavailable,
-        "postgres store: the batch carrying this call ended without answering it",
+/// The store's three batchers, sending on `pool` with `sql`. Must run in
+/// a tokio runtime.
+pub(crate) fn spawn(pool: &Pool, sql: &Arc<Statements>) -> StoreBatchers {
+    let (p1, s1) = (pool.clone(), sql.clone());
+    let (p2, s2) = (pool.clone(), sql.clone());
+    let (p3, s3) = (pool.clone(), sql.clone());
+    StoreBatchers::spawn(
+        IN_FLIGHT,
+        MAX_BATCH,
+        move |calls| claims(p1.clone(), s1.clone(), calls),
+        move |calls| completions(p2.clone(), s2.clone(), calls),
+        move |calls| releases(p3.clone(), s3.clone(), calls),
     )
 }
 
-/// The positions of `ids` in the order their batch runs: by id, calls with
-/// the same id in arrival order.
-fn lock_order<'a>(ids: impl Iterator<Item = &'a RecordId>) -> Vec<usize> {
-    let ids: Vec<&RecordId> = ids.collect();
-    let mut order: Vec<usize> = (0..ids.len()).collect();
-    order.sort_by(|&a, &b| {
-        let (x, y) = (ids[a], ids[b]);
-        (x.scope.as_str(), x.operation.as_str(), x.key.as_str()).cmp(&(
-            y.scope.as_str(),
-            y.operation.as_str(),
-            y.key.as_str(),
-        ))
-    });
-    order
+/// What a caller whose batch ended without its answer gets.
+pub(crate) fn lost(e: BatchLost) -> StoreError {
+    e.into_store_error("postgres")
 }
 
 /// How a batch's statement ended.
@@ -183,25 +144,6 @@ fn settled(rows: &[Row], order: &[usize]) -> Vec<Result<Settled, StoreError>> {
     )
 }
 
-/// Each call alone, in order: a batch of one, or a batch the server
-/// refused.
-async fn one_by_one<'c, C, A, Fut>(calls: &'c [C], one: impl Fn(&'c C) -> Fut) -> Vec<A>
-where
-    Fut: std::future::Future<Output = A>,
-{
-    let mut answers = Vec::with_capacity(calls.len());
-    for call in calls {
-        answers.push(one(call).await);
-    }
-    answers
-}
-
-fn down<T>(n: usize, kind: StoreErrorKind, message: &str) -> Vec<Result<T, StoreError>> {
-    (0..n)
-        .map(|_| Err(StoreError::new(kind, message.to_owned())))
-        .collect()
-}
-
 pub(crate) async fn claims(
     pool: Pool,
     sql: Arc<Statements>,
@@ -210,7 +152,7 @@ pub(crate) async fn claims(
     if calls.len() == 1 {
         return one_by_one(&calls, |req| crate::single::claim_one(&pool, &sql, req)).await;
     }
-    let order = lock_order(calls.iter().map(|c| &c.id));
+    let order = in_id_order(calls.iter().map(|c| &c.id));
     let ordered = || order.iter().map(|&i| &calls[i]);
     let scopes: Vec<&str> = ordered().map(|c| c.id.scope.as_str()).collect();
     let operations: Vec<&str> = ordered().map(|c| c.id.operation.as_str()).collect();
@@ -243,7 +185,7 @@ pub(crate) async fn claims(
             |_| Err(missing("claim")),
         ),
         Sent::Refused => one_by_one(&calls, |req| crate::single::claim_one(&pool, &sql, req)).await,
-        Sent::Down(kind, message) => down(calls.len(), kind, &message),
+        Sent::Down(kind, message) => all_failed(calls.len(), kind, &message),
     }
 }
 
@@ -258,7 +200,7 @@ pub(crate) async fn completions(
         })
         .await;
     }
-    let order = lock_order(calls.iter().map(|(id, _, _)| id));
+    let order = in_id_order(calls.iter().map(|(id, _, _)| id));
     let ordered = || order.iter().map(|&i| &calls[i]);
     let scopes: Vec<&str> = ordered().map(|(id, _, _)| id.scope.as_str()).collect();
     let operations: Vec<&str> = ordered().map(|(id, _, _)| id.operation.as_str()).collect();
@@ -304,7 +246,7 @@ pub(crate) async fn completions(
             })
             .await
         }
-        Sent::Down(kind, message) => down(calls.len(), kind, &message),
+        Sent::Down(kind, message) => all_failed(calls.len(), kind, &message),
     }
 }
 
@@ -319,7 +261,7 @@ pub(crate) async fn releases(
         })
         .await;
     }
-    let order = lock_order(calls.iter().map(|(id, _)| id));
+    let order = in_id_order(calls.iter().map(|(id, _)| id));
     let ordered = || order.iter().map(|&i| &calls[i]);
     let scopes: Vec<&str> = ordered().map(|(id, _)| id.scope.as_str()).collect();
     let operations: Vec<&str> = ordered().map(|(id, _)| id.operation.as_str()).collect();
@@ -340,7 +282,7 @@ pub(crate) async fn releases(
             })
             .await
         }
-        Sent::Down(kind, message) => down(calls.len(), kind, &message),
+        Sent::Down(kind, message) => all_failed(calls.len(), kind, &message),
     }
 }
 

@@ -228,7 +228,7 @@ impl PostgresStoreBuilder {
             inner: Arc::new({
                 let sql = Arc::new(Statements::new(&self.schema));
                 Inner {
-                    batches: crate::batch::Batches::spawn(&pool, &sql),
+                    batches: crate::batch::spawn(&pool, &sql),
                     sql,
                     pool,
                     schema: self.schema,

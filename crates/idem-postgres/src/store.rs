@@ -13,12 +13,13 @@ use idem_core::{
 };
 use tokio_postgres::Statement;
 
-use crate::batch::{Batches, lost};
+use crate::batch::lost;
 use crate::error::{corrupt, pg_error};
 use crate::pooled::Pooled;
 use crate::row;
 use crate::schema::Statements;
 use crate::single::prepared;
+use idem_core::batch::StoreBatchers;
 
 /// The PostgreSQL store. Clones share one pool.
 #[derive(Clone)]
@@ -32,7 +33,7 @@ pub(crate) struct Inner {
     pub(crate) sql: Arc<Statements>,
     /// Claims, completions and releases of concurrent calls, sent in
     /// batches (`batch.rs`).
-    pub(crate) batches: Batches,
+    pub(crate) batches: StoreBatchers,
 }
 
 impl fmt::Debug for PostgresStore {

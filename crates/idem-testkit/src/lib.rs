@@ -74,6 +74,7 @@ use idem_core::{Store, Timestamp};
 
 pub mod atomic;
 mod backend;
+pub mod batches;
 mod checks;
 pub mod consumer;
 pub mod crash;

@@ -1,0 +1,400 @@
+//! Group commit: claims, completions and releases of concurrent requests
+//! gathered by [`idem_core::batch::Batcher`] and sent as one transaction
+//! each, in one round trip: a multi-statement text query `START
+//! TRANSACTION; ...; COMMIT; SELECT 'idem-batch-committed'` with a
+//! statement per call (and, after each fenced update or delete, `SELECT
+//! ROW_COUNT()`); the last set, the mark, says the COMMIT ran. A batch costs one
+//! round trip, one transaction and one commit (one redo log flush)
+//! instead of one each per call.
+//!
+//! Values go into the text as hex literals (`X'...'`, every column that
+//! holds text or bytes is `VARBINARY` or `BLOB`) and integers formatted
+//! by Rust: nothing a caller sends can end a literal, so nothing it sends
+//! can become SQL.
+//!
+//! Each call gets the answer it would get alone:
+//! - **claims** call `idem_claim_in_tx` (the claim procedure that runs in
+//!   its caller's transaction), in the order of their ids, so that two
+//!   batches lock shared rows in the same order; a duplicate id in the
+//!   batch runs after the call it duplicates and, in the same
+//!   transaction, finds its claim in flight, as it would a moment later
+//!   alone;
+//! - **completions and releases** are the fenced `UPDATE` and `DELETE` of
+//!   the single path; a call that changed no row is `StaleFence`.
+//!
+//! A batch the server refuses (a deadlock with another transaction, a
+//! value it cannot store) is rolled back and its calls are sent again
+//! one at a time, so a poisoned call fails only itself. A batch whose
+//! connection fails has an unknown outcome: every call in it fails
+//! (closed: the caller does not execute; a claim that did commit lapses
+//! with its lease, as a single claim cut off on the wire would).
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use idem_core::batch::{BatchLost, StoreBatchers, all_failed, in_id_order, one_by_one};
+use idem_core::{Claim, ClaimRequest, RecordId, Settled, StoreError, StoreErrorKind};
+use mysql_async::prelude::Queryable;
+use mysql_async::{Conn, Row};
+
+use crate::error::my_error;
+use crate::row;
+use crate::schema::quoted;
+use crate::store::{Inner, claim_params};
+
+/// The most batches in flight at once, each on a connection of its own.
+const IN_FLIGHT: usize = 2;
+/// The most calls in one batch.
+const MAX_BATCH: usize = 128;
+/// The most bytes of SQL text in one batch's query: completions past it
+/// go in a further transaction (their bodies are in the text, as hex).
+const MAX_QUERY: usize = 4 << 20;
+/// A completion whose statement alone is longer goes alone, as a
+/// prepared statement (binary, not hex): a batch never carries one
+/// response that could fill it.
+const MAX_INLINE: usize = 256 << 10;
+
+pub(crate) use idem_core::batch::{CompletionCall, ReleaseCall};
+
+/// The store's three batchers, sending through `inner`'s pool. Must run
+/// in a tokio runtime.
+pub(crate) fn spawn(inner: &Arc<Inner>) -> StoreBatchers {
+    let (i1, i2, i3) = (inner.clone(), inner.clone(), inner.clone());
+    StoreBatchers::spawn(
+        IN_FLIGHT,
+        MAX_BATCH,
+        move |calls| claims(i1.clone(), calls),
+        move |calls| completions(i2.clone(), calls),
+        move |calls| releases(i3.clone(), calls),
+    )
+}
+
+/// What a caller whose batch ended without its answer gets.
+pub(crate) fn lost(e: BatchLost) -> StoreError {
+    e.into_store_error("mysql")
+}
+
+/// `bytes` as a hex literal.
+fn hex(out: &mut String, bytes: &[u8]) {
+    out.push_str("X'");
+    for b in bytes {
+        let _ = write!(out, "{b:02x}");
+    }
+    out.push('\'');
+}
+
+/// `WHERE` of the fenced statements: the record's id and fence, in
+/// progress.
+fn fenced(out: &mut String, id: &RecordId, fence: i64) {
+    out.push_str(" WHERE scope = ");
+    hex(out, id.scope.as_str().as_bytes());
+    out.push_str(" AND operation = ");
+    hex(out, id.operation.as_str().as_bytes());
+    out.push_str(" AND record_key = ");
+    hex(out, id.key.as_str().as_bytes());
+    let _ = write!(
+        out,
+        " AND fence = {fence} AND status = 0;SELECT ROW_COUNT();"
+    );
+}
+
+/// How a batch's query ended.
+enum Sent {
+    /// The rows of each result set that has rows, in order.
+    Sets(Vec<Vec<Row>>),
+    /// The server refused a statement: the transaction was rolled back
+    /// (nothing of it happened), so its calls can be sent again alone.
+    Refused,
+    /// No answer, or a broken one: the outcome is unknown.
+    Down(StoreErrorKind, String),
+}
+
+/// Runs `query` (a whole transaction) on a pooled connection.
+async fn send(inner: &Inner, query: &str, what: &str) -> Sent {
+    let mut conn = match inner.conn().await {
+        Ok(c) => c,
+        Err(e) => return Sent::Down(e.kind(), e.to_string()),
+    };
+    // Past the bound the connection is dropped mid-query (it never serves
+    // again) and the batch's outcome is unknown (`Inner::call_bound`).
+    let ran = tokio::time::timeout(inner.call_bound(), run(&mut conn, query)).await;
+    let Ok(ran) = ran else {
+        drop(conn);
+        return Sent::Down(
+            StoreErrorKind::Unavailable,
+            format!("mysql store: {what}: no answer in time"),
+        );
+    };
+    let ran = ran.map(|mut sets| committed(&mut sets).then_some(sets));
+    match ran {
+        Ok(Some(sets)) => Sent::Sets(sets),
+        // The server refused a statement: those after it did not run, the
+        // COMMIT and its mark included (the driver does not always say
+        // so with an error: the mark is what tells). Roll back what ran
+        // before it; a connection that cannot is closed, and the server
+        // rolls back with it.
+        Ok(None) | Err(mysql_async::Error::Server(_)) => {
+            if conn.query_drop("ROLLBACK").await.is_err() {
+                let _ = conn.disconnect().await;
+            }
+            Sent::Refused
+        }
+        Err(e) => {
+            let e = my_error(what, e);
+            Sent::Down(e.kind(), e.to_string())
+        }
+    }
+}
+
+/// The mark a batch's query ends with, after its `COMMIT`: a set with
+/// this one value says the COMMIT ran.
+const COMMITTED: &str = "SELECT 'idem-batch-committed'";
+
+/// Whether the last set is the commit mark (taken off `sets`).
+fn committed(sets: &mut Vec<Vec<Row>>) -> bool {
+    let marked = sets.last().is_some_and(|last| {
+        last.len() == 1
+            && last[0].len() == 1
+            && last[0]
+                .get_opt::<String, _>(0)
+                .and_then(Result::ok)
+                .as_deref()
+                == Some("idem-batch-committed")
+    });
+    if marked {
+        sets.pop();
+    }
+    marked
+}
+
+async fn run(conn: &mut Conn, query: &str) -> Result<Vec<Vec<Row>>, mysql_async::Error> {
+    let mut result = conn.query_iter(query).await?;
+    let mut sets = Vec::new();
+    while !result.is_empty() {
+        let rows: Vec<Row> = result.collect().await?;
+        if !rows.is_empty() {
+            sets.push(rows);
+        }
+    }
+    Ok(sets)
+}
+
+/// The one row of each of `n` result sets, or `None` when the server
+/// answered another shape.
+fn one_row_each(sets: Vec<Vec<Row>>, n: usize) -> Option<Vec<Row>> {
+    if sets.len() != n {
+        return None;
+    }
+    sets.into_iter()
+        .map(|mut rows| (rows.len() == 1).then(|| rows.pop()).flatten())
+        .collect()
+}
+
+fn shape_error(what: &str) -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Backend,
+        format!("mysql store: a batch of {what} got answers of another shape than its calls"),
+    )
+}
+
+/// Puts each answer (given in batch order) back in its call's place.
+fn in_call_order<T>(order: &[usize], answers: Vec<T>) -> Vec<T> {
+    let mut slots: Vec<Option<T>> = order.iter().map(|_| None).collect();
+    for (&i, a) in order.iter().zip(answers) {
+        slots[i] = Some(a);
+    }
+    slots.into_iter().flatten().collect()
+}
+
+pub(crate) async fn claims(
+    inner: Arc<Inner>,
+    calls: Vec<ClaimRequest>,
+) -> Vec<Result<Claim, StoreError>> {
+    if calls.len() == 1 {
+        return one_by_one(&calls, |req| inner.claim_one(req)).await;
+    }
+    let order = in_id_order(calls.iter().map(|c| &c.id));
+    let procedure = format!("{}.idem_claim_in_tx", quoted(&inner.database));
+    let mut query = String::from("START TRANSACTION;");
+    for &i in &order {
+        let (scope, operation, key, fingerprint, now, lease, ttl) = claim_params(&calls[i]);
+        let _ = write!(query, "CALL {procedure}(");
+        for bytes in [
+            scope.as_bytes(),
+            operation.as_bytes(),
+            key.as_bytes(),
+            fingerprint,
+        ] {
+            hex(&mut query, bytes);
+            query.push(',');
+        }
+        let _ = write!(query, "{now},{lease},{ttl});");
+    }
+    query.push_str("COMMIT;");
+    query.push_str(COMMITTED);
+    match send(&inner, &query, "claiming (a batch)").await {
+        Sent::Sets(sets) => match one_row_each(sets, calls.len()) {
+            Some(rows) => {
+                let answers = order
+                    .iter()
+                    .zip(&rows)
+                    .map(|(&i, row)| row::claim_from_row(&calls[i], Some(row)))
+                    .collect();
+                in_call_order(&order, answers)
+            }
+            None => (0..calls.len())
+                .map(|_| Err(shape_error("claims")))
+                .collect(),
+        },
+        Sent::Refused => one_by_one(&calls, |req| inner.claim_one(req)).await,
+        Sent::Down(kind, message) => all_failed(calls.len(), kind, &message),
+    }
+}
+
+/// The fenced statements of `calls` in `order`, cut into transactions of
+/// at most [`MAX_QUERY`] bytes, each with the positions it carries.
+fn transactions(
+    order: &[usize],
+    mut statement: impl FnMut(&mut String, usize),
+) -> Vec<(String, Vec<usize>)> {
+    let mut out = Vec::new();
+    let mut query = String::from("START TRANSACTION;");
+    let mut carried = Vec::new();
+    for &i in order {
+        let mut one = String::new();
+        statement(&mut one, i);
+        if !carried.is_empty() && query.len() + one.len() > MAX_QUERY {
+            query.push_str("COMMIT;");
+            query.push_str(COMMITTED);
+            out.push((std::mem::take(&mut query), std::mem::take(&mut carried)));
+            query.push_str("START TRANSACTION;");
+        }
+        query.push_str(&one);
+        carried.push(i);
+    }
+    if !carried.is_empty() {
+        query.push_str("COMMIT;");
+        query.push_str(COMMITTED);
+        out.push((query, carried));
+    }
+    out
+}
+
+/// Runs the transactions of fenced statements and reads each call's
+/// `ROW_COUNT()`; a refused transaction's calls go again alone.
+async fn settle<'c, C, Fut>(
+    inner: &Inner,
+    calls: &'c [C],
+    txs: Vec<(String, Vec<usize>)>,
+    what: &str,
+    alone: impl Fn(&'c C) -> Fut,
+) -> Vec<Result<Settled, StoreError>>
+where
+    Fut: std::future::Future<Output = Result<Settled, StoreError>>,
+{
+    let mut answers: Vec<Option<Result<Settled, StoreError>>> =
+        calls.iter().map(|_| None).collect();
+    for (query, carried) in txs {
+        match send(inner, &query, what).await {
+            Sent::Sets(sets) => match one_row_each(sets, carried.len()) {
+                Some(rows) => {
+                    for (&i, row) in carried.iter().zip(&rows) {
+                        answers[i] = Some(match row.get_opt::<i64, _>(0) {
+                            Some(Ok(n)) => Ok(Settled::from_changed(u64::try_from(n).unwrap_or(0))),
+                            _ => Err(shape_error(what)),
+                        });
+                    }
+                }
+                None => {
+                    for &i in &carried {
+                        answers[i] = Some(Err(shape_error(what)));
+                    }
+                }
+            },
+            Sent::Refused => {
+                for &i in &carried {
+                    answers[i] = Some(alone(&calls[i]).await);
+                }
+            }
+            Sent::Down(kind, message) => {
+                for &i in &carried {
+                    answers[i] = Some(Err(StoreError::new(kind, message.clone())));
+                }
+            }
+        }
+    }
+    answers
+        .into_iter()
+        .map(|a| a.unwrap_or_else(|| Err(shape_error(what))))
+        .collect()
+}
+
+pub(crate) async fn completions(
+    inner: Arc<Inner>,
+    calls: Vec<CompletionCall>,
+) -> Vec<Result<Settled, StoreError>> {
+    if calls.len() == 1 {
+        return one_by_one(&calls, |(id, fence, c)| inner.complete_one(id, *fence, c)).await;
+    }
+    let table = format!("{}.idem_records", quoted(&inner.database));
+    let statement = |out: &mut String, i: usize| {
+        let (id, fence, c) = &calls[i];
+        let _ = write!(
+            out,
+            "UPDATE {table} SET status = {}, resource_id = ",
+            c.status().code()
+        );
+        match &c.resource_id {
+            Some(r) => hex(out, r.as_bytes()),
+            None => out.push_str("NULL"),
+        }
+        let _ = write!(
+            out,
+            ", response_status = {}, response_headers = ",
+            c.response.status
+        );
+        hex(out, &c.response.encode_headers());
+        out.push_str(", response_body = ");
+        hex(out, &c.response.body);
+        out.push_str(", lease_until = NULL");
+        fenced(out, id, *fence);
+    };
+    // A large answer goes alone (binary), the rest in batches.
+    let size = |(_, _, c): &CompletionCall| {
+        2 * (c.response.body.len() + c.response.encode_headers().len())
+    };
+    let (inline, big): (Vec<usize>, Vec<usize>) = in_id_order(calls.iter().map(|(id, _, _)| id))
+        .into_iter()
+        .partition(|&i| size(&calls[i]) <= MAX_INLINE);
+    let txs = transactions(&inline, statement);
+    let mut answers = settle(&inner, &calls, txs, "completions", |(id, fence, c)| {
+        inner.complete_one(id, *fence, c)
+    })
+    .await;
+    for i in big {
+        let (id, fence, c) = &calls[i];
+        answers[i] = inner.complete_one(id, *fence, c).await;
+    }
+    answers
+}
+
+pub(crate) async fn releases(
+    inner: Arc<Inner>,
+    calls: Vec<ReleaseCall>,
+) -> Vec<Result<Settled, StoreError>> {
+    if calls.len() == 1 {
+        return one_by_one(&calls, |(id, fence)| inner.release_one(id, *fence)).await;
+    }
+    let table = format!("{}.idem_records", quoted(&inner.database));
+    let statement = |out: &mut String, i: usize| {
+        let (id, fence) = &calls[i];
+        let _ = write!(out, "DELETE FROM {table}");
+        fenced(out, id, *fence);
+    };
+    let order = in_id_order(calls.iter().map(|(id, _)| id));
+    let txs = transactions(&order, statement);
+    settle(&inner, &calls, txs, "releases", |(id, fence)| {
+        inner.release_one(id, *fence)
+    })
+    .await
+}

@@ -1,0 +1,128 @@
+//! Group commit (`batch.rs`) against the MySQL or MariaDB named by
+//! `IDEM_TEST_MYSQL_URL`, checked by idem-testkit's `batches`: each call
+//! in a batch gets the answer it would get alone, and a call that poisons
+//! its batch fails only itself.
+
+use idem_core::{BoxFuture, Claim, ClaimRequest, Operation, RecordId, Settled, StoreError};
+use idem_testkit::batches;
+use idem_testkit::{IsolatedBackend, unique_id};
+
+use crate::MysqlStore;
+use crate::batch::{self, CompletionCall, ReleaseCall};
+use crate::tests::TestMysql;
+
+/// The store's batch functions, called directly with a batch of the
+/// check's choosing (the batcher forms its own from whatever arrives).
+fn claim_batch(
+    store: &MysqlStore,
+) -> impl Fn(Vec<ClaimRequest>) -> BoxFuture<'static, Vec<Result<Claim, StoreError>>> {
+    let inner = store.inner.clone();
+    move |calls| Box::pin(batch::claims(inner.clone(), calls))
+}
+
+fn complete_batch(
+    store: &MysqlStore,
+) -> impl Fn(Vec<CompletionCall>) -> BoxFuture<'static, Vec<Result<Settled, StoreError>>> {
+    let inner = store.inner.clone();
+    move |calls| Box::pin(batch::completions(inner.clone(), calls))
+}
+
+fn release_batch(
+    store: &MysqlStore,
+) -> impl Fn(Vec<ReleaseCall>) -> BoxFuture<'static, Vec<Result<Settled, StoreError>>> {
+    let inner = store.inner.clone();
+    move |calls| Box::pin(batch::releases(inner.clone(), calls))
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    idem_testkit::runtime()
+}
+
+#[test]
+fn a_mixed_batch_answers_each_claim_as_alone() {
+    let Some(url) = TestMysql::url() else {
+        return;
+    };
+    rt().block_on(async {
+        let guard = TestMysql::fresh(&url).await;
+        let store = guard.store();
+        batches::a_mixed_batch_answers_each_claim_as_alone(store, &claim_batch(store)).await;
+    });
+}
+
+/// An operation longer than its column (strict mode refuses it; the
+/// store's own check refuses it before a batch, which this skips).
+#[test]
+fn a_poisoned_claim_fails_only_itself() {
+    let Some(url) = TestMysql::url() else {
+        return;
+    };
+    rt().block_on(async {
+        let guard = TestMysql::fresh(&url).await;
+        let store = guard.store();
+        let id = unique_id("poisoned-0000001");
+        let long = Operation::from_raw(format!("POST /{}", "x".repeat(1100)));
+        let poisoned = RecordId::new(id.scope, long, id.key);
+        batches::a_poisoned_claim_fails_only_itself(&claim_batch(store), &poisoned).await;
+    });
+}
+
+#[test]
+fn batched_completions_and_releases_apply_only_under_their_fence() {
+    let Some(url) = TestMysql::url() else {
+        return;
+    };
+    rt().block_on(async {
+        let guard = TestMysql::fresh(&url).await;
+        let store = guard.store();
+        batches::batched_completions_and_releases_apply_only_under_their_fence(
+            store,
+            &complete_batch(store),
+            &release_batch(store),
+        )
+        .await;
+    });
+}
+
+/// Bytes no text literal could hold (quotes, backslashes, NUL, invalid
+/// UTF-8) in a batched completion's answer come back byte for byte: the
+/// hex literals carry every value, and nothing in one can end it.
+#[test]
+fn batched_values_are_stored_byte_for_byte() {
+    let Some(url) = TestMysql::url() else {
+        return;
+    };
+    rt().block_on(async {
+        use idem_core::{Completion, Store};
+        let guard = TestMysql::fresh(&url).await;
+        let store = guard.store();
+        let hostile: Vec<u8> = b"'); DROP TABLE idem_records; -- \\\0\xff\xfe\"`".to_vec();
+        let mut calls = Vec::new();
+        let mut ids = Vec::new();
+        for n in 0..3 {
+            let id = unique_id(&format!("hostile-'\\-{n:08}"));
+            let Ok(Claim::Acquired(lease)) = store
+                .claim(&idem_testkit::request(&id, "{}", idem_testkit::t0()))
+                .await
+            else {
+                panic!("not acquired");
+            };
+            let mut response = idem_testkit::response(201, "x");
+            response.body = hostile.clone();
+            let mut done = Completion::completed(response);
+            done.resource_id = Some("r'\\\"`".to_owned());
+            calls.push((id.clone(), lease.fence.to_i64().expect("fence"), done));
+            ids.push(id);
+        }
+        let answers = complete_batch(store)(calls).await;
+        assert!(
+            answers.iter().all(|a| matches!(a, Ok(Settled::Applied))),
+            "{answers:?}"
+        );
+        for id in &ids {
+            let record = store.get(id, idem_testkit::t0()).await.unwrap().unwrap();
+            assert_eq!(record.response.unwrap().body, hostile);
+            assert_eq!(record.resource_id.as_deref(), Some("r'\\\"`"));
+        }
+    });
+}

@@ -1,0 +1,199 @@
+//! Checks for a store's group commit, one place for every store that
+//! batches (PostgreSQL, MySQL): each call in a batch gets the answer it
+//! would get alone, and a call that poisons its batch fails only itself.
+//! The store's batch functions are called directly, with batches of the
+//! check's choosing (its batcher forms its own from whatever arrives).
+
+use idem_core::{
+    BoxFuture, Claim, ClaimRequest, Completion, RecordId, Settled, Status, Store, StoreError,
+};
+
+use crate::fixtures::{request, response, t0, unique_id};
+
+/// A store's claim batch function.
+pub type ClaimBatch<'s> =
+    &'s dyn Fn(Vec<ClaimRequest>) -> BoxFuture<'static, Vec<Result<Claim, StoreError>>>;
+/// A store's completion batch function: (record, fence as stored,
+/// completion) per call.
+pub type CompletionBatch<'s> = &'s dyn Fn(
+    Vec<(RecordId, i64, Completion)>,
+) -> BoxFuture<'static, Vec<Result<Settled, StoreError>>>;
+/// A store's release batch function: (record, fence as stored) per call.
+pub type ReleaseBatch<'s> =
+    &'s dyn Fn(Vec<(RecordId, i64)>) -> BoxFuture<'static, Vec<Result<Settled, StoreError>>>;
+
+/// A claim of `id` acquired and completed with `tag`, at `t0`.
+async fn finished(store: &dyn Store, id: &RecordId, body: &str, tag: &str) {
+    let Ok(Claim::Acquired(lease)) = store.claim(&request(id, body, t0())).await else {
+        panic!("a fresh key was not acquired");
+    };
+    let done = Completion::completed(response(201, tag));
+    assert_eq!(
+        store.complete(id, lease.fence, done, t0()).await.ok(),
+        Some(Settled::Applied)
+    );
+}
+
+/// New keys (two of them sent twice), a key in flight, a finished key and
+/// a finished key asked with another body, in one batch in a shuffled
+/// order: each call gets its own answer, and each new key is acquired by
+/// its first call only, with a fence of its own.
+pub async fn a_mixed_batch_answers_each_claim_as_alone(store: &dyn Store, batch: ClaimBatch<'_>) {
+    let (new_a, new_b, new_c) = (
+        unique_id("new-aaaa-0000001"),
+        unique_id("new-bbbb-0000001"),
+        unique_id("new-cccc-0000001"),
+    );
+    let flying = unique_id("flying-000000001");
+    let done = unique_id("finished-0000001");
+    let other = unique_id("mismatch-0000001");
+    let now = t0() + std::time::Duration::from_secs(1);
+    assert!(matches!(
+        store.claim(&request(&flying, "{}", t0())).await,
+        Ok(Claim::Acquired(_))
+    ));
+    finished(store, &done, "{}", "done").await;
+    finished(store, &other, "{\"a\":1}", "other").await;
+
+    let calls: Vec<ClaimRequest> = vec![
+        request(&new_b, "{}", now),
+        request(&done, "{}", now),
+        request(&new_a, "{}", now),
+        request(&flying, "{}", now),
+        request(&new_b, "{}", now),
+        request(&other, "{\"a\":2}", now),
+        request(&new_a, "{}", now),
+        request(&new_c, "{}", now),
+    ];
+    let answers = batch(calls).await;
+    let kinds: Vec<&str> = answers
+        .iter()
+        .map(|a| match a {
+            Ok(Claim::Acquired(_)) => "acquired",
+            Ok(Claim::InFlight { .. }) => "in flight",
+            Ok(Claim::Replay(r)) if r.status == Status::Completed => "replay",
+            Ok(Claim::Mismatch { .. }) => "mismatch",
+            Ok(_) => "other",
+            Err(_) => "error",
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            "acquired",
+            "replay",
+            "acquired",
+            "in flight",
+            "in flight",
+            "mismatch",
+            "in flight",
+            "acquired"
+        ],
+        "{answers:?}"
+    );
+    let Ok(Claim::Replay(r)) = &answers[1] else {
+        unreachable!()
+    };
+    assert_eq!(r.response.as_ref(), Some(&response(201, "done")));
+    let mut fences: Vec<u64> = answers
+        .iter()
+        .filter_map(|a| match a {
+            Ok(Claim::Acquired(l)) => Some(l.fence.get()),
+            _ => None,
+        })
+        .collect();
+    fences.sort_unstable();
+    fences.dedup();
+    assert_eq!(fences.len(), 3);
+}
+
+/// `poisoned` (a claim the server refuses: a value it cannot store) in a
+/// batch between two good ones: the batch is sent again a call at a
+/// time, and only the poisoned call fails.
+pub async fn a_poisoned_claim_fails_only_itself(batch: ClaimBatch<'_>, poisoned: &RecordId) {
+    let good = unique_id("good-0000000001");
+    let also = unique_id("good-0000000002");
+    let calls = vec![
+        request(&good, "{}", t0()),
+        request(poisoned, "{}", t0()),
+        request(&also, "{}", t0()),
+    ];
+    let answers = batch(calls).await;
+    assert!(
+        matches!(answers[0], Ok(Claim::Acquired(_))),
+        "{:?}",
+        answers[0]
+    );
+    assert!(answers[1].is_err(), "{:?}", answers[1]);
+    assert!(
+        matches!(answers[2], Ok(Claim::Acquired(_))),
+        "{:?}",
+        answers[2]
+    );
+}
+
+/// Completions and releases in batches: a call whose fence holds its
+/// record applies, one whose fence is stale (or whose record another call
+/// of the batch settled first) does not, each as alone.
+pub async fn batched_completions_and_releases_apply_only_under_their_fence(
+    store: &dyn Store,
+    complete: CompletionBatch<'_>,
+    release: ReleaseBatch<'_>,
+) {
+    let ids: Vec<RecordId> = (0..4)
+        .map(|n| unique_id(&format!("settle-{n:010}")))
+        .collect();
+    let mut fences = Vec::new();
+    for id in &ids {
+        let Ok(Claim::Acquired(lease)) = store.claim(&request(id, "{}", t0())).await else {
+            panic!("not acquired");
+        };
+        fences.push(lease.fence.to_i64().unwrap_or(i64::MAX - 2000));
+    }
+    let done = |tag: &str| Completion::completed(response(201, tag));
+    let completions = vec![
+        (ids[0].clone(), fences[0], done("zero")),
+        (ids[1].clone(), fences[1] + 1000, done("stale")),
+        (ids[0].clone(), fences[0], done("again")),
+    ];
+    let answers: Vec<Option<Settled>> = complete(completions)
+        .await
+        .into_iter()
+        .map(Result::ok)
+        .collect();
+    assert_eq!(
+        answers,
+        vec![
+            Some(Settled::Applied),
+            Some(Settled::StaleFence),
+            Some(Settled::StaleFence)
+        ]
+    );
+    let record = store.get(&ids[0], t0()).await.ok().flatten();
+    assert_eq!(record.and_then(|r| r.response), Some(response(201, "zero")));
+
+    let releases = vec![
+        (ids[2].clone(), fences[2]),
+        (ids[3].clone(), fences[3] + 1000),
+        (ids[0].clone(), fences[0]),
+    ];
+    let answers: Vec<Option<Settled>> = release(releases)
+        .await
+        .into_iter()
+        .map(Result::ok)
+        .collect();
+    assert_eq!(
+        answers,
+        vec![
+            Some(Settled::Applied),
+            Some(Settled::StaleFence),
+            Some(Settled::StaleFence)
+        ]
+    );
+    assert!(matches!(store.get(&ids[2], t0()).await, Ok(None)));
+    assert!(matches!(store.get(&ids[3], t0()).await, Ok(Some(_))));
+    assert!(matches!(
+        store.get(&ids[0], t0()).await,
+        Ok(Some(r)) if r.status == Status::Completed
+    ));
+}
