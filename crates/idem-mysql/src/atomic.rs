@@ -16,7 +16,8 @@ use mysql_async::{Row, Transaction, TxOpts};
 
 use crate::error::{is_deadlock, my_error};
 use crate::row;
-use crate::store::{AffectedRows, DEADLOCK_RETRIES, MysqlStore};
+use crate::single::{AffectedRows, DEADLOCK_RETRIES};
+use crate::store::MysqlStore;
 
 /// The mutation's transaction: it owns its pooled connection.
 pub type MysqlTransaction = Transaction<'static>;
@@ -62,7 +63,7 @@ impl MysqlStore {
         let Some(fence) = fence.to_i64() else {
             return Ok(Atomic::StaleFence);
         };
-        crate::store::check_id(id)?;
+        crate::single::check_id(id)?;
         let mut tx = self.begin().await?;
         let held: Option<i64> = tx
             .exec_first(
@@ -110,8 +111,8 @@ impl MysqlStore {
             Fence,
         ) -> BoxFuture<'t, Result<(T, Completion), E>>,
     {
-        crate::store::check_id(&req.id)?;
-        let params = crate::store::claim_params(req);
+        crate::single::check_id(&req.id)?;
+        let params = crate::single::claim_params(req);
         let mut tries = 0;
         let (tx, claim) = loop {
             let mut tx = self.begin().await?;
@@ -167,8 +168,14 @@ impl MysqlStore {
             let _ = tx.rollback().await;
             return Err(e);
         }
-        match crate::store::complete_with(&mut tx, &self.inner.sql.complete, id, fence, &completion)
-            .await?
+        match crate::single::complete_with(
+            &mut tx,
+            &self.inner.sql.complete,
+            id,
+            fence,
+            &completion,
+        )
+        .await?
         {
             Settled::Applied => {}
             // Unreachable while we hold the row lock, but never commit a

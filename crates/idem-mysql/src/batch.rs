@@ -40,7 +40,7 @@ use mysql_async::{Conn, Row};
 use crate::error::my_error;
 use crate::row;
 use crate::schema::quoted;
-use crate::store::{Inner, claim_params};
+use crate::single::{Inner, claim_params};
 
 /// The most batches in flight at once, each on a connection of its own.
 const IN_FLIGHT: usize = 2;

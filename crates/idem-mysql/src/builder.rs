@@ -9,7 +9,8 @@ use mysql_async::{Opts, OptsBuilder, Pool, PoolConstraints, PoolOpts};
 
 use crate::error::my_error;
 use crate::schema::{self, Statements};
-use crate::store::{Inner, MysqlStore};
+use crate::single::Inner;
+use crate::store::MysqlStore;
 
 /// Options for connecting a store.
 #[derive(Clone)]

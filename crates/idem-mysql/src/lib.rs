@@ -58,6 +58,7 @@ mod durability;
 mod error;
 mod row;
 mod schema;
+mod single;
 mod store;
 
 pub use atomic::MysqlTransaction;
