@@ -194,9 +194,10 @@ impl BatchLost {
 
 /// The positions of `ids` in the order a batch runs them: by id (scope,
 /// operation, key), calls with the same id in arrival order. Two batches
-/// that lock the rows they share in this one order cannot deadlock each
-/// other; a duplicate within a batch runs after the call it duplicates,
-/// and sees it.
+/// that lock the rows they share in this one order do not wait for each
+/// other in a circle over those rows (a store's own locking may still
+/// deadlock them, which the store must handle); a duplicate within a
+/// batch runs after the call it duplicates, and sees it.
 pub fn in_id_order<'a>(ids: impl Iterator<Item = &'a crate::RecordId>) -> Vec<usize> {
     let ids: Vec<&crate::RecordId> = ids.collect();
     let mut order: Vec<usize> = (0..ids.len()).collect();

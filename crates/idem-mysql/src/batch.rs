@@ -15,7 +15,10 @@
 //! Each call gets the answer it would get alone:
 //! - **claims** call `idem_claim_in_tx` (the claim procedure that runs in
 //!   its caller's transaction), in the order of their ids, so that two
-//!   batches lock shared rows in the same order; a duplicate id in the
+//!   batches lock shared rows in the same order (which makes deadlocks
+//!   between batches rare, not impossible: two claims that lose one
+//!   insert race each hold a shared lock the other must wait for; the
+//!   batch that loses is sent again a call at a time); a duplicate id in the
 //!   batch runs after the call it duplicates and, in the same
 //!   transaction, finds its claim in flight, as it would a moment later
 //!   alone;
@@ -119,7 +122,13 @@ async fn send(inner: &Inner, query: &str, what: &str) -> Sent {
     // again) and the batch's outcome is unknown (`Inner::call_bound`).
     let ran = tokio::time::timeout(inner.call_bound(), run(&mut conn, query)).await;
     let Ok(ran) = ran else {
-        drop(conn);
+        // Closed, not handed back: the pool would read the rest of the
+        // batch on it and hand it out again with whatever transaction the
+        // rest left open. `disconnect` marks it gone before it writes.
+        let bound = inner.call_bound();
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(bound, conn.disconnect()).await;
+        });
         return Sent::Down(
             StoreErrorKind::Unavailable,
             format!("mysql store: {what}: no answer in time"),
@@ -176,6 +185,10 @@ async fn run(conn: &mut Conn, query: &str) -> Result<Vec<Vec<Row>>, mysql_async:
             sets.push(rows);
         }
     }
+    // An error that ended the statements early is kept by the driver as
+    // pending, not returned above: this returns it, and leaves the
+    // connection ready for the ROLLBACK.
+    result.drop_result().await?;
     Ok(sets)
 }
 
@@ -232,6 +245,10 @@ pub(crate) async fn claims(
     }
     query.push_str("COMMIT;");
     query.push_str(COMMITTED);
+    if query.len() > query_limit(&inner) {
+        // A server with a small packet limit: each claim alone.
+        return one_by_one(&calls, |req| inner.claim_one(req)).await;
+    }
     match send(&inner, &query, "claiming (a batch)").await {
         Sent::Sets(sets) => match one_row_each(sets, calls.len()) {
             Some(rows) => {
@@ -251,10 +268,21 @@ pub(crate) async fn claims(
     }
 }
 
+/// The most bytes of SQL text in one query on this server: [`MAX_QUERY`],
+/// or half its `max_allowed_packet` if that is less (a query longer than
+/// the packet limit is refused by the driver itself, as a broken
+/// connection).
+fn query_limit(inner: &Inner) -> usize {
+    usize::try_from(inner.max_packet / 2)
+        .unwrap_or(usize::MAX)
+        .min(MAX_QUERY)
+}
+
 /// The fenced statements of `calls` in `order`, cut into transactions of
-/// at most [`MAX_QUERY`] bytes, each with the positions it carries.
+/// at most `limit` bytes, each with the positions it carries.
 fn transactions(
     order: &[usize],
+    limit: usize,
     mut statement: impl FnMut(&mut String, usize),
 ) -> Vec<(String, Vec<usize>)> {
     let mut out = Vec::new();
@@ -263,7 +291,7 @@ fn transactions(
     for &i in order {
         let mut one = String::new();
         statement(&mut one, i);
-        if !carried.is_empty() && query.len() + one.len() > MAX_QUERY {
+        if !carried.is_empty() && query.len() + one.len() > limit {
             query.push_str("COMMIT;");
             query.push_str(COMMITTED);
             out.push((std::mem::take(&mut query), std::mem::take(&mut carried)));
@@ -366,7 +394,7 @@ pub(crate) async fn completions(
     let (inline, big): (Vec<usize>, Vec<usize>) = in_id_order(calls.iter().map(|(id, _, _)| id))
         .into_iter()
         .partition(|&i| size(&calls[i]) <= MAX_INLINE);
-    let txs = transactions(&inline, statement);
+    let txs = transactions(&inline, query_limit(&inner), statement);
     let mut answers = settle(&inner, &calls, txs, "completions", |(id, fence, c)| {
         inner.complete_one(id, *fence, c)
     })
@@ -392,7 +420,7 @@ pub(crate) async fn releases(
         fenced(out, id, *fence);
     };
     let order = in_id_order(calls.iter().map(|(id, _)| id));
-    let txs = transactions(&order, statement);
+    let txs = transactions(&order, query_limit(&inner), statement);
     settle(&inner, &calls, txs, "releases", |(id, fence)| {
         inner.release_one(id, *fence)
     })

@@ -61,7 +61,7 @@ fn a_poisoned_claim_fails_only_itself() {
         let guard = TestMysql::fresh(&url).await;
         let store = guard.store();
         let id = unique_id("poisoned-0000001");
-        let long = Operation::from_raw(format!("POST /{}", "x".repeat(1100)));
+        let long = Operation::from_raw(format!("POST /zz{}", "x".repeat(1100)));
         let poisoned = RecordId::new(id.scope, long, id.key);
         batches::a_poisoned_claim_fails_only_itself(&claim_batch(store), &poisoned).await;
     });
@@ -84,9 +84,11 @@ fn batched_completions_and_releases_apply_only_under_their_fence() {
     });
 }
 
-/// Bytes no text literal could hold (quotes, backslashes, NUL, invalid
-/// UTF-8) in a batched completion's answer come back byte for byte: the
-/// hex literals carry every value, and nothing in one can end it.
+/// Bytes no text literal could hold (quotes, backslashes, NUL, bytes
+/// that are not UTF-8) in batched claims' ids and fingerprints and in
+/// batched completions' answers (body, headers, resource id) come back
+/// byte for byte: the hex literals carry every value, and nothing in one
+/// can end it.
 #[test]
 fn batched_values_are_stored_byte_for_byte() {
     let Some(url) = TestMysql::url() else {
@@ -97,31 +99,43 @@ fn batched_values_are_stored_byte_for_byte() {
         let guard = TestMysql::fresh(&url).await;
         let store = guard.store();
         let hostile: Vec<u8> = b"'); DROP TABLE idem_records; -- \\\0\xff\xfe\"`".to_vec();
+        let ids: Vec<RecordId> = (0..3)
+            .map(|n| {
+                let id = unique_id(&format!("hostile-'\\\"`;--{n:08}"));
+                let op = Operation::from_raw(format!("POST /o'\\\"`;{n}"));
+                RecordId::new(id.scope, op, id.key)
+            })
+            .collect();
+        let requests: Vec<ClaimRequest> = ids
+            .iter()
+            .map(|id| idem_testkit::request(id, "{\"q\":\"'\\\\\"}", idem_testkit::t0()))
+            .collect();
+        let claimed = claim_batch(store)(requests.clone()).await;
         let mut calls = Vec::new();
-        let mut ids = Vec::new();
-        for n in 0..3 {
-            let id = unique_id(&format!("hostile-'\\-{n:08}"));
-            let Ok(Claim::Acquired(lease)) = store
-                .claim(&idem_testkit::request(&id, "{}", idem_testkit::t0()))
-                .await
-            else {
-                panic!("not acquired");
+        for ((id, answer), req) in ids.iter().zip(&claimed).zip(&requests) {
+            let Ok(Claim::Acquired(lease)) = answer else {
+                panic!("not acquired: {answer:?}");
             };
+            // The fingerprint went in as hex and matches as the same bytes.
+            assert!(matches!(store.claim(req).await, Ok(Claim::InFlight { .. })));
             let mut response = idem_testkit::response(201, "x");
             response.body = hostile.clone();
+            response
+                .headers
+                .push(("x-hostile".to_owned(), b"'\\\"`; --\0\xff".to_vec()));
             let mut done = Completion::completed(response);
             done.resource_id = Some("r'\\\"`".to_owned());
             calls.push((id.clone(), lease.fence.to_i64().expect("fence"), done));
-            ids.push(id);
         }
+        let expected: Vec<_> = calls.iter().map(|(_, _, c)| c.response.clone()).collect();
         let answers = complete_batch(store)(calls).await;
         assert!(
             answers.iter().all(|a| matches!(a, Ok(Settled::Applied))),
             "{answers:?}"
         );
-        for id in &ids {
+        for (id, response) in ids.iter().zip(expected) {
             let record = store.get(id, idem_testkit::t0()).await.unwrap().unwrap();
-            assert_eq!(record.response.unwrap().body, hostile);
+            assert_eq!(record.response, Some(response));
             assert_eq!(record.resource_id.as_deref(), Some("r'\\\"`"));
         }
     });

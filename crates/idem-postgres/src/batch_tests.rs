@@ -61,7 +61,7 @@ fn a_poisoned_claim_fails_only_itself() {
         let guard = TestPostgres::fresh(&url).await;
         let store = guard.store();
         let id = unique_id("poisoned-0000001");
-        let poisoned = RecordId::new(id.scope, Operation::from_raw("POST /nul\0here"), id.key);
+        let poisoned = RecordId::new(id.scope, Operation::from_raw("POST /zz-nul\0here"), id.key);
         batches::a_poisoned_claim_fails_only_itself(&claim_batch(store), &poisoned).await;
     });
 }

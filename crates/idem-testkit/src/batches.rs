@@ -105,19 +105,42 @@ pub async fn a_mixed_batch_answers_each_claim_as_alone(store: &dyn Store, batch:
     fences.sort_unstable();
     fences.dedup();
     assert_eq!(fences.len(), 3);
+    // Each acquired answer is its own id's: its fence is the one stored.
+    for (i, id) in [(0, &new_b), (2, &new_a), (7, &new_c)] {
+        let Ok(Claim::Acquired(lease)) = &answers[i] else {
+            unreachable!()
+        };
+        let stored = store.get(id, now).await.ok().flatten().map(|r| r.fence);
+        assert_eq!(stored, Some(lease.fence), "call {i}");
+    }
 }
 
-/// `poisoned` (a claim the server refuses: a value it cannot store) in a
-/// batch between two good ones: the batch is sent again a call at a
-/// time, and only the poisoned call fails.
+/// `poisoned` (a claim the server refuses: a value it cannot store; its
+/// operation must sort after `POST /testkit`) in a batch with two good
+/// ones of its scope, which run before it: the batch is rolled back and
+/// sent again a call at a time, and only the poisoned call fails. Had
+/// the good calls' first run been kept, their second would find them in
+/// flight, or wait on their locks.
 pub async fn a_poisoned_claim_fails_only_itself(batch: ClaimBatch<'_>, poisoned: &RecordId) {
-    let good = unique_id("good-0000000001");
-    let also = unique_id("good-0000000002");
+    let of_its_scope = |key: &str| {
+        let key = idem_core::Key::new(key).unwrap_or_else(|e| panic!("{e}"));
+        RecordId::new(
+            poisoned.scope.clone(),
+            idem_core::Operation::new("POST", "/testkit"),
+            key,
+        )
+    };
+    let good = of_its_scope("good-0000000001");
+    let also = of_its_scope("good-0000000002");
     let calls = vec![
         request(&good, "{}", t0()),
         request(poisoned, "{}", t0()),
         request(&also, "{}", t0()),
     ];
+    assert!(
+        poisoned.operation.as_str() > good.operation.as_str(),
+        "the poisoned call must run after the good ones"
+    );
     let answers = batch(calls).await;
     assert!(
         matches!(answers[0], Ok(Claim::Acquired(_))),
