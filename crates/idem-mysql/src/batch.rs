@@ -35,7 +35,7 @@
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use idem_core::batch::{BatchLost, StoreBatchers, all_failed, in_id_order, one_by_one};
+use idem_core::batch::{BatchLost, StoreBatchers, in_id_order, one_by_one};
 use idem_core::{Claim, ClaimRequest, RecordId, Settled, StoreError, StoreErrorKind};
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Row};
@@ -210,15 +210,6 @@ fn shape_error(what: &str) -> StoreError {
     )
 }
 
-/// Puts each answer (given in batch order) back in its call's place.
-fn in_call_order<T>(order: &[usize], answers: Vec<T>) -> Vec<T> {
-    let mut slots: Vec<Option<T>> = order.iter().map(|_| None).collect();
-    for (&i, a) in order.iter().zip(answers) {
-        slots[i] = Some(a);
-    }
-    slots.into_iter().flatten().collect()
-}
-
 pub(crate) async fn claims(
     inner: Arc<Inner>,
     calls: Vec<ClaimRequest>,
@@ -226,46 +217,40 @@ pub(crate) async fn claims(
     if calls.len() == 1 {
         return one_by_one(&calls, |req| inner.claim_one(req)).await;
     }
-    let order = in_id_order(calls.iter().map(|c| &c.id));
     let procedure = format!("{}.idem_claim_in_tx", quoted(&inner.database));
-    let mut query = String::from("START TRANSACTION;");
-    for &i in &order {
+    let statement = |out: &mut String, i: usize| {
         let (scope, operation, key, fingerprint, now, lease, ttl) = claim_params(&calls[i]);
-        let _ = write!(query, "CALL {procedure}(");
+        let _ = write!(out, "CALL {procedure}(");
         for bytes in [
             scope.as_bytes(),
             operation.as_bytes(),
             key.as_bytes(),
             fingerprint,
         ] {
-            hex(&mut query, bytes);
-            query.push(',');
+            hex(out, bytes);
+            out.push(',');
         }
-        let _ = write!(query, "{now},{lease},{ttl});");
-    }
-    query.push_str("COMMIT;");
-    query.push_str(COMMITTED);
-    if query.len() > query_limit(&inner) {
-        // A server with a small packet limit: each claim alone.
+        let _ = write!(out, "{now},{lease},{ttl});");
+    };
+    // One transaction, whatever its size: a server whose packet limit it
+    // passes gets each claim alone.
+    let order = in_id_order(calls.iter().map(|c| &c.id));
+    let txs = transactions(&order, usize::MAX, statement);
+    if txs
+        .iter()
+        .any(|(query, _)| query.len() > query_limit(&inner))
+    {
         return one_by_one(&calls, |req| inner.claim_one(req)).await;
     }
-    match send(&inner, &query, "claiming (a batch)").await {
-        Sent::Sets(sets) => match one_row_each(sets, calls.len()) {
-            Some(rows) => {
-                let answers = order
-                    .iter()
-                    .zip(&rows)
-                    .map(|(&i, row)| row::claim_from_row(&calls[i], Some(row)))
-                    .collect();
-                in_call_order(&order, answers)
-            }
-            None => (0..calls.len())
-                .map(|_| Err(shape_error("claims")))
-                .collect(),
-        },
-        Sent::Refused => one_by_one(&calls, |req| inner.claim_one(req)).await,
-        Sent::Down(kind, message) => all_failed(calls.len(), kind, &message),
-    }
+    batched(
+        &inner,
+        &calls,
+        txs,
+        "claims",
+        |i, row| row::claim_from_row(&calls[i], Some(row)),
+        |req| inner.claim_one(req),
+    )
+    .await
 }
 
 /// The most bytes of SQL text in one query on this server: [`MAX_QUERY`],
@@ -308,29 +293,27 @@ fn transactions(
     out
 }
 
-/// Runs the transactions of fenced statements and reads each call's
-/// `ROW_COUNT()`; a refused transaction's calls go again alone.
-async fn settle<'c, C, Fut>(
+/// Runs the transactions, each call's answer read from its one row by
+/// `read`; a refused transaction's calls go again alone, one that met the
+/// connection down fails every call it carried.
+async fn batched<'c, C, T, Fut>(
     inner: &Inner,
     calls: &'c [C],
     txs: Vec<(String, Vec<usize>)>,
     what: &str,
+    read: impl Fn(usize, &Row) -> Result<T, StoreError>,
     alone: impl Fn(&'c C) -> Fut,
-) -> Vec<Result<Settled, StoreError>>
+) -> Vec<Result<T, StoreError>>
 where
-    Fut: std::future::Future<Output = Result<Settled, StoreError>>,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
 {
-    let mut answers: Vec<Option<Result<Settled, StoreError>>> =
-        calls.iter().map(|_| None).collect();
+    let mut answers: Vec<Option<Result<T, StoreError>>> = calls.iter().map(|_| None).collect();
     for (query, carried) in txs {
         match send(inner, &query, what).await {
             Sent::Sets(sets) => match one_row_each(sets, carried.len()) {
                 Some(rows) => {
                     for (&i, row) in carried.iter().zip(&rows) {
-                        answers[i] = Some(match row.get_opt::<i64, _>(0) {
-                            Some(Ok(n)) => Ok(Settled::from_changed(u64::try_from(n).unwrap_or(0))),
-                            _ => Err(shape_error(what)),
-                        });
+                        answers[i] = Some(read(i, row));
                     }
                 }
                 None => {
@@ -357,6 +340,14 @@ where
         .collect()
 }
 
+/// A fenced statement's answer: its `ROW_COUNT()`.
+fn row_count(row: &Row, what: &str) -> Result<Settled, StoreError> {
+    match row.get_opt::<i64, _>(0) {
+        Some(Ok(n)) => Ok(Settled::from_changed(u64::try_from(n).unwrap_or(0))),
+        _ => Err(shape_error(what)),
+    }
+}
+
 pub(crate) async fn completions(
     inner: Arc<Inner>,
     calls: Vec<CompletionCall>,
@@ -365,6 +356,10 @@ pub(crate) async fn completions(
         return one_by_one(&calls, |(id, fence, c)| inner.complete_one(id, *fence, c)).await;
     }
     let table = format!("{}.idem_records", quoted(&inner.database));
+    let headers: Vec<Vec<u8>> = calls
+        .iter()
+        .map(|(_, _, c)| c.response.encode_headers())
+        .collect();
     let statement = |out: &mut String, i: usize| {
         let (id, fence, c) = &calls[i];
         let _ = write!(
@@ -381,23 +376,26 @@ pub(crate) async fn completions(
             ", response_status = {}, response_headers = ",
             c.response.status
         );
-        hex(out, &c.response.encode_headers());
+        hex(out, &headers[i]);
         out.push_str(", response_body = ");
         hex(out, &c.response.body);
         out.push_str(", lease_until = NULL");
         fenced(out, id, *fence);
     };
     // A large answer goes alone (binary), the rest in batches.
-    let size = |(_, _, c): &CompletionCall| {
-        2 * (c.response.body.len() + c.response.encode_headers().len())
-    };
+    let size = |i: usize| 2 * (calls[i].2.response.body.len() + headers[i].len());
     let (inline, big): (Vec<usize>, Vec<usize>) = in_id_order(calls.iter().map(|(id, _, _)| id))
         .into_iter()
-        .partition(|&i| size(&calls[i]) <= MAX_INLINE);
+        .partition(|&i| size(i) <= MAX_INLINE);
     let txs = transactions(&inline, query_limit(&inner), statement);
-    let mut answers = settle(&inner, &calls, txs, "completions", |(id, fence, c)| {
-        inner.complete_one(id, *fence, c)
-    })
+    let mut answers = batched(
+        &inner,
+        &calls,
+        txs,
+        "completions",
+        |_, row| row_count(row, "completions"),
+        |(id, fence, c)| inner.complete_one(id, *fence, c),
+    )
     .await;
     for i in big {
         let (id, fence, c) = &calls[i];
@@ -421,8 +419,13 @@ pub(crate) async fn releases(
     };
     let order = in_id_order(calls.iter().map(|(id, _)| id));
     let txs = transactions(&order, query_limit(&inner), statement);
-    settle(&inner, &calls, txs, "releases", |(id, fence)| {
-        inner.release_one(id, *fence)
-    })
+    batched(
+        &inner,
+        &calls,
+        txs,
+        "releases",
+        |_, row| row_count(row, "releases"),
+        |(id, fence)| inner.release_one(id, *fence),
+    )
     .await
 }

@@ -205,9 +205,11 @@ impl Probe {
         } else {
             self.target.credential.as_ref()
         };
+        // Each header once: sent as given, shown redacted.
         for h in &self.target.headers {
             has_type |= h.name.eq_ignore_ascii_case("content-type");
             shown.push(show(h));
+            headers.push(h.to_http()?);
         }
         if let Some(c) = credential {
             shown.push(format!(
@@ -215,14 +217,10 @@ impl Probe {
                 c.name,
                 if req.second_tenant { " 2nd" } else { "" }
             ));
+            headers.push(c.to_http()?);
         }
         if let Some(k) = &req.key {
             shown.push(format!("{}: {k}", self.target.key_header));
-        }
-        for h in self.target.headers.iter().chain(credential) {
-            headers.push(h.to_http()?);
-        }
-        if let Some(k) = &req.key {
             headers.push(header_pair(&self.target.key_header, k)?);
         }
         if !has_type {

@@ -179,19 +179,17 @@ pub async fn batched_completions_and_releases_apply_only_under_their_fence(
         (ids[1].clone(), fences[1] + 1000, done("stale")),
         (ids[0].clone(), fences[0], done("again")),
     ];
-    let answers: Vec<Option<Settled>> = complete(completions)
-        .await
-        .into_iter()
-        .map(Result::ok)
-        .collect();
-    assert_eq!(
-        answers,
-        vec![
-            Some(Settled::Applied),
-            Some(Settled::StaleFence),
-            Some(Settled::StaleFence)
-        ]
-    );
+    // The first applies; a stale fence, and a second completion under a
+    // fence the first already used up, do not.
+    let applied_then_stale = [
+        Some(Settled::Applied),
+        Some(Settled::StaleFence),
+        Some(Settled::StaleFence),
+    ];
+    let settled = |answers: Vec<Result<Settled, StoreError>>| -> Vec<Option<Settled>> {
+        answers.into_iter().map(Result::ok).collect()
+    };
+    assert_eq!(settled(complete(completions).await), applied_then_stale);
     let record = store.get(&ids[0], t0()).await.ok().flatten();
     assert_eq!(record.and_then(|r| r.response), Some(response(201, "zero")));
 
@@ -200,19 +198,7 @@ pub async fn batched_completions_and_releases_apply_only_under_their_fence(
         (ids[3].clone(), fences[3] + 1000),
         (ids[0].clone(), fences[0]),
     ];
-    let answers: Vec<Option<Settled>> = release(releases)
-        .await
-        .into_iter()
-        .map(Result::ok)
-        .collect();
-    assert_eq!(
-        answers,
-        vec![
-            Some(Settled::Applied),
-            Some(Settled::StaleFence),
-            Some(Settled::StaleFence)
-        ]
-    );
+    assert_eq!(settled(release(releases).await), applied_then_stale);
     assert!(matches!(store.get(&ids[2], t0()).await, Ok(None)));
     assert!(matches!(store.get(&ids[3], t0()).await, Ok(Some(_))));
     assert!(matches!(
