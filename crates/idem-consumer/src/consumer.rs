@@ -167,6 +167,7 @@ pub fn applied(result: Vec<u8>) -> Completion {
         status: APPLIED,
         headers: Vec::new(),
         body: result,
+        trailers: Vec::new(),
     })
 }
 
@@ -176,6 +177,7 @@ pub fn refused(reason: Vec<u8>) -> Completion {
         status: REFUSED,
         headers: Vec::new(),
         body: reason,
+        trailers: Vec::new(),
     })
 }
 

@@ -102,7 +102,7 @@ pub fn key(stored: String) -> Result<Key, CorruptValue> {
 }
 
 /// A stored response from its columns: the status code, the header block
-/// ([`StoredResponse::encode_headers`]) and the body.
+/// ([`StoredResponse::encode_headers`], trailers included) and the body.
 ///
 /// # Errors
 /// [`CorruptValue`] `response status` for a status outside `u16`,
@@ -112,11 +112,13 @@ pub fn response(
     headers: &[u8],
     body: Vec<u8>,
 ) -> Result<StoredResponse, CorruptValue> {
+    let (headers, trailers) = StoredResponse::decode_headers(headers)
+        .map_err(|_| CorruptValue::new("response headers"))?;
     Ok(StoredResponse {
         status: u16::try_from(status).map_err(|_| CorruptValue::new("response status"))?,
-        headers: StoredResponse::decode_headers(headers)
-            .map_err(|_| CorruptValue::new("response headers"))?,
+        headers,
         body,
+        trailers,
     })
 }
 
@@ -300,6 +302,7 @@ mod tests {
             status: 201,
             headers: vec![("etag".into(), vec![0xff])],
             body: b"ok".to_vec(),
+            trailers: Vec::new(),
         };
         let headers = stored.encode_headers();
         assert_eq!(
@@ -313,6 +316,7 @@ mod tests {
                 status: 204,
                 headers: vec![],
                 body: vec![],
+                trailers: Vec::new()
             }))
         );
         assert_eq!(

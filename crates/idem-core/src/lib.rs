@@ -45,7 +45,7 @@
 //! match store.claim(&req).await? {
 //!     Claim::Acquired(lease) => {
 //!         // ... run the operation, then store what it answered:
-//!         let response = StoredResponse { status: 201, headers: vec![], body: b"{}".to_vec() };
+//!         let response = StoredResponse { status: 201, headers: vec![], body: b"{}".to_vec(), ..Default::default() };
 //!         let _ = store.complete(&req.id, lease.fence, Completion::completed(response), Timestamp::now()).await?;
 //!     }
 //!     Claim::Replay(record) => { /* answer with record.response */ }
@@ -88,7 +88,7 @@ pub use fingerprint::{FieldSelection, Fingerprint};
 pub use key::{Key, KeyError, KeyPolicy, MAX_KEY_LEN};
 pub use memory::MemoryStore;
 pub use policy::{Concurrency, Disposition, Policy, PolicyBuilder, PolicyError, Takeover};
-pub use record::{Fence, HeaderDecodeError, Record, Status, StoredResponse};
+pub use record::{DecodedFields, Fence, HeaderDecodeError, Record, Status, StoredResponse};
 pub use recovery::{Reconcile, ReconcileReport, ReleaseAll, Resolution, reconcile_once};
 pub use scope::{Operation, RecordId, Scope};
 pub use store::{

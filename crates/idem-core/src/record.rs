@@ -88,9 +88,11 @@ impl Fence {
     }
 }
 
-/// A response kept for replay: status, allowlisted headers and body.
+/// A response kept for replay: status, allowlisted headers, body and
+/// allowlisted trailers (gRPC's `grpc-status`, say).
 ///
-/// Core knows no HTTP; the HTTP layer decides which headers go in.
+/// Core knows no HTTP; the HTTP layer decides which headers and trailers
+/// go in.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct StoredResponse {
     /// The status code.
@@ -99,6 +101,9 @@ pub struct StoredResponse {
     pub headers: Vec<(String, Vec<u8>)>,
     /// The body.
     pub body: Vec<u8>,
+    /// Trailer names (lower case) and values, in order: the fields sent
+    /// after the body (HTTP/2 and chunked HTTP/1.1). Empty for most.
+    pub trailers: Vec<(String, Vec<u8>)>,
 }
 
 /// A stored header block that does not decode.
@@ -106,28 +111,49 @@ pub struct StoredResponse {
 #[error("stored response headers are corrupt")]
 pub struct HeaderDecodeError;
 
+/// The headers and the trailers of a stored response, as
+/// [`StoredResponse::decode_headers`] reads them from one block.
+pub type DecodedFields = (Vec<(String, Vec<u8>)>, Vec<(String, Vec<u8>)>);
+
+/// Appends one field: a u16 name length, the name, a u32 value length
+/// and the value, all big-endian.
+fn encode_field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(&u16::try_from(name.len()).unwrap_or(u16::MAX).to_be_bytes());
+    out.extend_from_slice(&name[..name.len().min(usize::from(u16::MAX))]);
+    let vlen = u32::try_from(value.len()).unwrap_or(u32::MAX);
+    out.extend_from_slice(&vlen.to_be_bytes());
+    out.extend_from_slice(&value[..value.len().min(vlen as usize)]);
+}
+
 impl StoredResponse {
-    /// Encodes the headers as one byte string, for stores that keep them in
-    /// a single column: for each header, a u16 name length, the name, a u32
-    /// value length and the value, all big-endian.
+    /// Encodes the headers and trailers as one byte string, for stores
+    /// that keep them in a single column: for each header, a u16 name
+    /// length, the name, a u32 value length and the value, all
+    /// big-endian; then, if there are trailers, one field with an empty
+    /// name and value (no header has an empty name) and the trailers the
+    /// same way. A block without trailers is what this wrote before
+    /// trailers were kept, so records stored then decode as they were.
     pub fn encode_headers(&self) -> Vec<u8> {
         let mut out = Vec::new();
         for (name, value) in &self.headers {
-            let n = name.as_bytes();
-            out.extend_from_slice(&u16::try_from(n.len()).unwrap_or(u16::MAX).to_be_bytes());
-            out.extend_from_slice(&n[..n.len().min(usize::from(u16::MAX))]);
-            let vlen = u32::try_from(value.len()).unwrap_or(u32::MAX);
-            out.extend_from_slice(&vlen.to_be_bytes());
-            out.extend_from_slice(&value[..value.len().min(vlen as usize)]);
+            encode_field(&mut out, name.as_bytes(), value);
+        }
+        if !self.trailers.is_empty() {
+            encode_field(&mut out, b"", b"");
+            for (name, value) in &self.trailers {
+                encode_field(&mut out, name.as_bytes(), value);
+            }
         }
         out
     }
 
-    /// Decodes what [`StoredResponse::encode_headers`] wrote.
+    /// Decodes what [`StoredResponse::encode_headers`] wrote: the headers,
+    /// then the trailers.
     ///
     /// # Errors
-    /// [`HeaderDecodeError`] if the bytes are truncated or a name is not UTF-8.
-    pub fn decode_headers(mut bytes: &[u8]) -> Result<Vec<(String, Vec<u8>)>, HeaderDecodeError> {
+    /// [`HeaderDecodeError`] if the bytes are truncated, a name is not
+    /// UTF-8, or the block names trailers twice or an empty trailer.
+    pub fn decode_headers(mut bytes: &[u8]) -> Result<DecodedFields, HeaderDecodeError> {
         fn take<'a>(bytes: &mut &'a [u8], n: usize) -> Result<&'a [u8], HeaderDecodeError> {
             if bytes.len() < n {
                 return Err(HeaderDecodeError);
@@ -137,6 +163,8 @@ impl StoredResponse {
             Ok(head)
         }
         let mut headers = Vec::new();
+        let mut trailers = Vec::new();
+        let mut in_trailers = false;
         while !bytes.is_empty() {
             let nlen = u16::from_be_bytes(
                 take(&mut bytes, 2)?
@@ -152,9 +180,24 @@ impl StoredResponse {
                     .map_err(|_| HeaderDecodeError)?,
             );
             let value = take(&mut bytes, vlen as usize)?.to_vec();
-            headers.push((name, value));
+            if name.is_empty() {
+                // The mark before the trailers: once, with no value.
+                if in_trailers || !value.is_empty() {
+                    return Err(HeaderDecodeError);
+                }
+                in_trailers = true;
+                continue;
+            }
+            if in_trailers {
+                trailers.push((name, value));
+            } else {
+                headers.push((name, value));
+            }
         }
-        Ok(headers)
+        if in_trailers && trailers.is_empty() {
+            return Err(HeaderDecodeError);
+        }
+        Ok((headers, trailers))
     }
 }
 
@@ -212,14 +255,71 @@ mod tests {
                 ("etag".into(), vec![]),
             ],
             body: b"{}".to_vec(),
+            trailers: vec![],
         };
         let enc = r.encode_headers();
-        assert_eq!(StoredResponse::decode_headers(&enc).unwrap(), r.headers);
+        assert_eq!(
+            StoredResponse::decode_headers(&enc).unwrap(),
+            (r.headers.clone(), vec![])
+        );
         assert_eq!(
             StoredResponse::decode_headers(&enc[..enc.len() - 1]),
             Err(HeaderDecodeError)
         );
-        assert_eq!(StoredResponse::decode_headers(&[]).unwrap(), vec![]);
+        assert_eq!(
+            StoredResponse::decode_headers(&[]).unwrap(),
+            (vec![], vec![])
+        );
+    }
+
+    /// Trailers follow the headers behind an empty field; a block without
+    /// them is byte for byte what was written before trailers were kept.
+    #[test]
+    fn trailers_round_trip_after_the_headers() {
+        let mut r = StoredResponse {
+            status: 200,
+            headers: vec![("content-type".into(), b"application/grpc".to_vec())],
+            body: vec![0, 0, 0, 0, 1, 7],
+            trailers: vec![],
+        };
+        let without = r.encode_headers();
+        r.trailers = vec![
+            ("grpc-status".into(), b"0".to_vec()),
+            ("grpc-message".into(), vec![]),
+        ];
+        let with = r.encode_headers();
+        assert!(with.starts_with(&without));
+        assert_eq!(
+            StoredResponse::decode_headers(&with).unwrap(),
+            (r.headers.clone(), r.trailers.clone())
+        );
+        // Trailers alone, no headers.
+        r.headers.clear();
+        let only = r.encode_headers();
+        assert_eq!(
+            StoredResponse::decode_headers(&only).unwrap(),
+            (vec![], r.trailers.clone())
+        );
+        // A mark with nothing after it, two marks, a mark with a value.
+        let mark = [0u8, 0, 0, 0, 0, 0];
+        let mut dangling = without.clone();
+        dangling.extend_from_slice(&mark);
+        assert_eq!(
+            StoredResponse::decode_headers(&dangling),
+            Err(HeaderDecodeError)
+        );
+        let mut twice = with.clone();
+        twice.extend_from_slice(&mark);
+        assert_eq!(
+            StoredResponse::decode_headers(&twice),
+            Err(HeaderDecodeError)
+        );
+        let mut valued = without;
+        valued.extend_from_slice(&[0, 0, 0, 0, 0, 1, b'x']);
+        assert_eq!(
+            StoredResponse::decode_headers(&valued),
+            Err(HeaderDecodeError)
+        );
     }
 
     #[test]

@@ -247,7 +247,7 @@ impl StaleCursor {
 ///     ttl: Duration::from_secs(86_400),
 /// };
 /// let Claim::Acquired(lease) = store.claim(&req).await.unwrap() else { panic!() };
-/// let response = StoredResponse { status: 201, headers: vec![], body: b"ok".to_vec() };
+/// let response = StoredResponse { status: 201, headers: vec![], body: b"ok".to_vec(), ..Default::default() };
 /// let _ = store.complete(&req.id, lease.fence, Completion::completed(response), req.now).await.unwrap();
 /// assert!(matches!(store.claim(&req).await.unwrap(), Claim::Replay(_)));
 /// # });

@@ -117,6 +117,7 @@ mod context;
 #[cfg(feature = "axum")]
 mod extract;
 mod flow;
+pub mod grpc;
 mod key_header;
 mod layer;
 pub mod maintenance;
@@ -135,7 +136,7 @@ mod shared;
 pub mod store_watch;
 mod wait;
 
-pub use body::{Body, BoxError, boxed, full};
+pub use body::{Body, BoxError, boxed, full, full_with_trailers};
 pub use context::IdempotencyContext;
 #[cfg(feature = "axum")]
 pub use extract::MissingIdempotencyContext;

@@ -212,6 +212,7 @@ mod tests {
             status: 201,
             headers: vec![],
             body: vec![b'x'; body],
+            trailers: Vec::new(),
         };
         pending
             .hold(
@@ -230,7 +231,7 @@ mod tests {
     /// answer's attempt waits until the first one's copy is gone.
     #[test]
     fn attempts_in_flight_are_bounded_in_bytes() {
-        let pending = PendingCompletions::new(4000, 1000);
+        let pending = PendingCompletions::new(4400, 1200);
         let a = held(&pending, "pending-key-00000001", 1500);
         let b = held(&pending, "pending-key-00000002", 1500);
         let first = pending.attempt(&a).now_or_never().expect("room for one");

@@ -79,6 +79,25 @@ impl Problem {
         &self.detail
     }
 
+    /// The `Retry-After` it carries, if any.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
+
+    /// The problem a document of [`Problem::to_json`]'s shape describes,
+    /// answered with `status`; `None` for anything else (its `type`,
+    /// `title` and `detail` must be strings).
+    pub fn from_json(status: StatusCode, json: &[u8]) -> Option<Problem> {
+        let doc: serde_json::Value = serde_json::from_slice(json).ok()?;
+        let text = |name: &str| doc.get(name)?.as_str().map(str::to_owned);
+        Some(Problem::new(
+            status,
+            text("type")?,
+            text("title")?,
+            text("detail")?,
+        ))
+    }
+
     /// The JSON document.
     pub fn to_json(&self) -> Vec<u8> {
         serde_json::json!({
@@ -101,6 +120,7 @@ impl Problem {
                 PROBLEM_JSON.as_bytes().to_vec(),
             )],
             body: self.to_json(),
+            trailers: Vec::new(),
         }
     }
 

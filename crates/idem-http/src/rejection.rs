@@ -67,6 +67,10 @@ pub enum Rejection {
     /// takeover policy is to hold: it is not executed again until an
     /// operator resolves the record or it expires.
     OutcomeUnresolved,
+    /// A gRPC request whose message is compressed: its bytes as sent do
+    /// not name the message, so it cannot be fingerprinted (501; gRPC
+    /// `UNIMPLEMENTED`).
+    CompressedMessage,
 }
 
 impl Rejection {
@@ -185,6 +189,12 @@ impl Rejection {
                 "Outcome unknown",
                 "Whether the request took effect is unknown. Its key stays held until the lease ends; retry with the same key (you will get 409 until then), or read the record.".into(),
             ),
+            Rejection::CompressedMessage => p(
+                S::NOT_IMPLEMENTED,
+                "compressed-message",
+                "Compressed message",
+                "A keyed gRPC call's message must be sent uncompressed (grpc-encoding identity): the same message compressed again need not give the same bytes, so its fingerprint would not name the request. Nothing was executed.".into(),
+            ),
             Rejection::OutcomeUnresolved => p(
                 S::INTERNAL_SERVER_ERROR,
                 "outcome-unresolved",
@@ -216,7 +226,8 @@ impl Rejection {
             Rejection::BodyTooLarge { .. }
             | Rejection::UnreadableBody
             | Rejection::BodyTimeout
-            | Rejection::Scope(_) => Outcome::InvalidRequest,
+            | Rejection::Scope(_)
+            | Rejection::CompressedMessage => Outcome::InvalidRequest,
             Rejection::HandlerFailed | Rejection::ShuttingDown => Outcome::Released,
             Rejection::OutcomeUnknown | Rejection::OutcomeUnresolved => Outcome::Held,
         }

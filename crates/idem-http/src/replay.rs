@@ -6,7 +6,8 @@ use http::header::{self, HeaderName};
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use idem_core::{StoredResponse, Timestamp};
 
-use crate::body::{Body, full};
+use crate::body::{Body, full_with_trailers};
+use crate::grpc::GRPC_STORED_FIELDS;
 
 /// `Idempotent-Replayed: true` marks a replayed response (Stripe's header).
 pub const IDEMPOTENT_REPLAYED: HeaderName =
@@ -50,41 +51,62 @@ fn never_stored(name: &HeaderName) -> bool {
     )
 }
 
-/// The part of a response kept for replay.
+/// The part of a response kept for replay: its status, body, and the
+/// headers and trailers on the allowlist (the defaults, gRPC's fields
+/// and the route's `extra`).
 pub(crate) fn to_stored(
     status: StatusCode,
     headers: &HeaderMap,
     body: &[u8],
+    trailers: Option<&HeaderMap>,
     extra: &[HeaderName],
 ) -> StoredResponse {
     let keep = |name: &HeaderName| {
-        !never_stored(name) && (DEFAULT_STORED_HEADERS.contains(name) || extra.contains(name))
+        !never_stored(name)
+            && (DEFAULT_STORED_HEADERS.contains(name)
+                || GRPC_STORED_FIELDS.contains(name)
+                || extra.contains(name))
     };
-    StoredResponse {
-        status: status.as_u16(),
-        headers: headers
+    let kept = |fields: &HeaderMap| {
+        fields
             .iter()
             .filter(|(n, _)| keep(n))
             .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
-            .collect(),
+            .collect()
+    };
+    StoredResponse {
+        status: status.as_u16(),
+        headers: kept(headers),
         body: body.to_vec(),
+        trailers: trailers.map(kept).unwrap_or_default(),
     }
 }
 
-/// Builds the HTTP response for a stored one. Headers that do not parse
-/// (they were valid when stored, so only corruption does this) are skipped.
-pub fn stored_to_response(stored: &StoredResponse) -> Response<Body> {
-    let mut response = Response::new(full(stored.body.clone()));
-    *response.status_mut() =
-        StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    for (name, value) in &stored.headers {
+/// Stored fields as a header map; fields that do not parse (they were
+/// valid when stored, so only corruption does this) are skipped.
+fn field_map(fields: &[(String, Vec<u8>)]) -> HeaderMap {
+    let mut map = HeaderMap::with_capacity(fields.len());
+    for (name, value) in fields {
         if let (Ok(n), Ok(v)) = (
             HeaderName::try_from(name.as_str()),
             HeaderValue::from_bytes(value),
         ) {
-            response.headers_mut().append(n, v);
+            map.append(n, v);
         }
     }
+    map
+}
+
+/// Builds the HTTP response for a stored one. Headers that do not parse
+/// (they were valid when stored, so only corruption does this) are skipped.
+///
+/// Stored trailers follow the body, as they came.
+pub fn stored_to_response(stored: &StoredResponse) -> Response<Body> {
+    let trailers = (!stored.trailers.is_empty()).then(|| field_map(&stored.trailers));
+    let mut response = Response::new(full_with_trailers(stored.body.clone(), trailers));
+    *response.status_mut() =
+        StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    *response.headers_mut() = field_map(&stored.headers);
     response
 }
 
@@ -175,7 +197,7 @@ mod tests {
             HeaderName::from_static("x-ledger-balance"),
             header::SET_COOKIE,
         ];
-        let s = to_stored(StatusCode::CREATED, &h, b"{}", &extra);
+        let s = to_stored(StatusCode::CREATED, &h, b"{}", None, &extra);
         let names: Vec<_> = s.headers.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, ["content-type", "location", "x-ledger-balance"]);
         let r = replay(&s, Timestamp::from_millis(1_800_000_000_000));
@@ -186,6 +208,59 @@ mod tests {
             "Fri, 15 Jan 2027 08:00:00 GMT"
         );
         assert!(r.headers().get(header::SET_COOKIE).is_none());
+    }
+
+    /// gRPC's fields are kept as headers (a trailers-only answer) and as
+    /// trailers; other trailers only when the route names them; and the
+    /// replay sends the trailers after the body.
+    #[tokio::test]
+    async fn trailers_are_stored_on_the_allowlist_and_replayed_after_the_body() {
+        use http_body_util::BodyExt as _;
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc"),
+        );
+        h.insert("grpc-encoding", HeaderValue::from_static("identity"));
+        let mut t = HeaderMap::new();
+        t.insert("grpc-status", HeaderValue::from_static("0"));
+        t.insert("grpc-message", HeaderValue::from_static("ok%20then"));
+        t.insert("x-cost", HeaderValue::from_static("3"));
+        t.insert("x-secret", HeaderValue::from_static("s"));
+        t.insert(header::SET_COOKIE, HeaderValue::from_static("a=b"));
+        let extra = [HeaderName::from_static("x-cost"), header::SET_COOKIE];
+        let s = to_stored(StatusCode::OK, &h, b"\0\0\0\0\x01z", Some(&t), &extra);
+        let names = |f: &[(String, Vec<u8>)]| f.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&s.headers), ["content-type", "grpc-encoding"]);
+        assert_eq!(
+            names(&s.trailers),
+            ["grpc-status", "grpc-message", "x-cost"]
+        );
+        let r = replay(&s, Timestamp::from_millis(1_800_000_000_000));
+        let mut body = r.into_body();
+        let data = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(&data[..], b"\0\0\0\0\x01z");
+        let trailers = body
+            .frame()
+            .await
+            .unwrap()
+            .unwrap()
+            .into_trailers()
+            .unwrap();
+        assert_eq!(trailers["grpc-status"], "0");
+        assert_eq!(trailers["grpc-message"], "ok%20then");
+        assert_eq!(trailers["x-cost"], "3");
+        assert_eq!(trailers.len(), 3);
+        assert!(body.frame().await.is_none());
+        // No trailers stored: none replayed.
+        let plain = to_stored(StatusCode::OK, &h, b"x", None, &extra);
+        assert!(plain.trailers.is_empty());
+        let collected = replay(&plain, Timestamp::from_millis(0))
+            .into_body()
+            .collect()
+            .await
+            .unwrap();
+        assert!(collected.trailers().is_none());
     }
 
     #[test]

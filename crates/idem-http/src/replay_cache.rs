@@ -75,13 +75,18 @@ pub(crate) fn weight(id: &RecordId, response: &StoredResponse) -> usize {
         + allocation(id.scope.as_str().len())
         + allocation(id.operation.as_str().len())
         + allocation(id.key.as_str().len())
-        + allocation(response.headers.len() * size_of::<(String, Vec<u8>)>())
-        + response
-            .headers
+        + fields_weight(&response.headers)
+        + fields_weight(&response.trailers)
+        + allocation(response.body.len())
+}
+
+/// What a list of stored fields (headers or trailers) holds on the heap.
+fn fields_weight(fields: &[(String, Vec<u8>)]) -> usize {
+    allocation(size_of_val(fields))
+        + fields
             .iter()
             .map(|(n, v)| allocation(n.len()) + allocation(v.len()))
             .sum::<usize>()
-        + allocation(response.body.len())
 }
 
 /// A finished record's replay, as kept.
@@ -221,6 +226,7 @@ mod tests {
                 status: 201,
                 headers: vec![("content-type".into(), b"application/json".to_vec())],
                 body: vec![b'x'; body],
+                trailers: Vec::new(),
             }),
             resource_id: None,
             created_at: Timestamp::from_millis(0),
@@ -356,6 +362,7 @@ mod memory_tests {
                 status: 201,
                 headers,
                 body: vec![b'x'; body],
+                trailers: Vec::new(),
             }),
             resource_id: None,
             created_at: Timestamp::from_millis(0),

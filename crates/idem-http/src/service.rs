@@ -56,8 +56,11 @@ impl<S> Idempotency<S> {
 /// holds a claim: the handler runs to completion in a task of its own and
 /// its result is stored, so the client's retry replays it.
 pub struct ResponseFuture<E> {
-    inner: Pin<Box<dyn Future<Output = Result<Response<Body>, E>> + Send>>,
+    inner: Handled<E>,
 }
+
+/// A request's answer, on its way.
+type Handled<E> = Pin<Box<dyn Future<Output = Result<Response<Body>, E>> + Send>>;
 
 impl<E> std::fmt::Debug for ResponseFuture<E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -99,8 +102,23 @@ where
         // future's `Send` is checked once for the concrete service.
         let call: flow::Call<S::Error> =
             Box::new(move |req| Box::pin(inner.call(req).map_ok(|r| r.map(boxed))));
-        ResponseFuture {
-            inner: Box::pin(flow::handle(self.shared.clone(), call, req)),
-        }
+        // A gRPC client reads a gRPC status, not a problem document:
+        // idem's refusals to it become trailers-only answers.
+        let grpc = crate::grpc::is_grpc(req.headers());
+        // Boxed before it is awaited in another future, so that its `Send`
+        // is checked here, once, as for a plain request.
+        let handled: Handled<S::Error> = Box::pin(flow::handle(self.shared.clone(), call, req));
+        let inner = if grpc { as_grpc(handled) } else { handled };
+        ResponseFuture { inner }
     }
+}
+
+/// `handled`, with idem's own refusal turned into a gRPC status.
+fn as_grpc<E: Send + 'static>(handled: Handled<E>) -> Handled<E> {
+    Box::pin(async move {
+        match handled.await {
+            Ok(response) => Ok(crate::grpc::refusal_as_grpc(response).await),
+            Err(e) => Err(e),
+        }
+    })
 }

@@ -167,6 +167,7 @@ fn json_response(status: u16, body: &serde_json::Value, content_type: &str) -> S
         status,
         headers: vec![("content-type".into(), content_type.as_bytes().to_vec())],
         body: body.to_string().into_bytes(),
+        trailers: Vec::new(),
     }
 }
 

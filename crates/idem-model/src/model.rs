@@ -68,6 +68,7 @@ impl ProtocolModel {
             status: 201,
             headers: Vec::new(),
             body: b"{}".to_vec(),
+            trailers: Vec::new(),
         })
     }
 

@@ -61,6 +61,7 @@ fn resp() -> StoredResponse {
         status: 201,
         headers: vec![],
         body: b"ok".to_vec(),
+        trailers: Vec::new(),
     }
 }
 

@@ -76,7 +76,7 @@
 //!                     .query_one("INSERT INTO transfers (amount) VALUES (100) RETURNING id", &[])
 //!                     .await?;
 //!                 let id: i64 = row.get(0);
-//!                 let response = StoredResponse { status: 201, headers: vec![], body: id.to_string().into_bytes() };
+//!                 let response = StoredResponse { status: 201, headers: vec![], body: id.to_string().into_bytes(), ..Default::default() };
 //!                 Ok::<_, tokio_postgres::Error>((id, Completion::completed(response).with_resource_id(id.to_string())))
 //!             })
 //!         })

@@ -87,6 +87,7 @@ fn an_unsendable_completion_commits_nothing() {
             status: 200,
             headers: vec![],
             body: vec![7u8; 1 << 31],
+            trailers: Vec::new(),
         };
         let out = run_with(&store, &req, Completion::completed(huge)).await;
         eprintln!("answer: {out:?}");

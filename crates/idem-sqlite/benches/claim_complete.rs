@@ -40,6 +40,7 @@ fn response() -> StoredResponse {
         status: 201,
         headers: vec![("content-type".into(), b"application/json".to_vec())],
         body: br#"{"id":"tr_1","status":"ok"}"#.to_vec(),
+        trailers: Vec::new(),
     }
 }
 

@@ -222,7 +222,7 @@ impl SqliteStore {
     ///         .complete_atomically(&req.id, lease.fence, |conn| {
     ///             conn.execute("INSERT INTO transfers (amount) VALUES (100)", [])?;
     ///             let id = conn.last_insert_rowid();
-    ///             let response = StoredResponse { status: 201, headers: vec![], body: id.to_string().into_bytes() };
+    ///             let response = StoredResponse { status: 201, headers: vec![], body: id.to_string().into_bytes(), ..Default::default() };
     ///             Ok::<_, rusqlite::Error>((id, Completion::completed(response).with_resource_id(id.to_string())))
     ///         })
     ///         .await?;

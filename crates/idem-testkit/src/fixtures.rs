@@ -64,5 +64,6 @@ pub fn response(status: u16, tag: &str) -> StoredResponse {
             ("x-raw".into(), vec![0xff, 0x00, 0x7f]),
         ],
         body: [tag.as_bytes(), &[0u8, 0xfe]].concat(),
+        trailers: Vec::new(),
     }
 }

@@ -18,8 +18,9 @@ use super::heartbeat::beating;
 use super::not_stored::{NotStored, not_stored};
 use super::release::release;
 use super::settle::{abandon, complete, finish, hold, settle_release};
-use crate::body::{Body, BoxError, full};
+use crate::body::{Body, BoxError, full_with_trailers};
 use crate::context::IdempotencyContext;
+use crate::grpc;
 use crate::metrics::Outcome;
 use crate::rejection::Rejection;
 use crate::replay::{set_expires, to_stored};
@@ -101,8 +102,8 @@ pub(super) async fn execute<E>(
         )
         .await
     };
-    let body = match read {
-        ResponseBody::Whole(bytes) => bytes,
+    let (body, trailers) = match read {
+        ResponseBody::Whole(bytes, trailers) => (bytes, trailers),
         ResponseBody::NotStorable(streamed, why) => {
             // Executed, but not kept: the client still gets it whole, and
             // a retry learns from the record what happened.
@@ -110,6 +111,8 @@ pub(super) async fn execute<E>(
                 Outcome::Executed
             } else {
                 let placeholder = not_stored(parts.status, why, shared.settings.response_limit);
+                // A gRPC answer's status is in its trailers, which are
+                // still to come: its HTTP status is all there is.
                 let completion = match rule.policy.disposition(parts.status.as_u16()) {
                     Disposition::Release => None,
                     Disposition::Fail => Some(Completion::failed(placeholder)),
@@ -142,8 +145,18 @@ pub(super) async fn execute<E>(
     let outcome = if ctx.is_completed() {
         Outcome::Executed
     } else {
-        let stored = || to_stored(parts.status, &parts.headers, &body, &rule.extra_headers);
-        match rule.policy.disposition(parts.status.as_u16()) {
+        let stored = || {
+            to_stored(
+                parts.status,
+                &parts.headers,
+                &body,
+                trailers.as_ref(),
+                &rule.extra_headers,
+            )
+        };
+        // A gRPC answer settles by its grpc-status, an HTTP one by its status.
+        let settling = grpc::settling_status(parts.status, &parts.headers, trailers.as_ref());
+        match rule.policy.disposition(settling) {
             // The lease is renewed while the completion is retried too.
             Disposition::Complete => {
                 let c = with_resource(Completion::completed(stored()), &ctx);
@@ -167,7 +180,13 @@ pub(super) async fn execute<E>(
         parts.headers.remove(header::CONTENT_LENGTH);
         parts.headers.remove(header::TRANSFER_ENCODING);
     }
-    (outcome, Ok(Response::from_parts(parts, full(body))))
+    (
+        outcome,
+        Ok(Response::from_parts(
+            parts,
+            full_with_trailers(body, trailers),
+        )),
+    )
 }
 
 /// `completion` with the resource id the handler named, if it named one.
@@ -180,8 +199,8 @@ fn with_resource(completion: Completion, ctx: &IdempotencyContext) -> Completion
 
 /// A handler's response body, read up to the layer's response limit.
 pub(super) enum ResponseBody {
-    /// All of it.
-    Whole(Bytes),
+    /// All of it, and its trailers if it had any.
+    Whole(Bytes, Option<http::HeaderMap>),
     /// Not to be stored: over the limit (what was read, followed by the
     /// rest, still to stream), or of an end that cannot be verified.
     NotStorable(Body, NotStored),
@@ -196,12 +215,21 @@ pub(super) async fn read_response(mut body: Body, limit: usize) -> ResponseBody 
     // thousands of one-byte frames would cost tens of times the limit.
     let mut first: Option<Bytes> = None;
     let mut joined = bytes::BytesMut::new();
+    let mut trailers: Option<http::HeaderMap> = None;
     while let Some(frame) = body.frame().await {
         let Ok(frame) = frame else {
             return ResponseBody::Failed;
         };
-        let Ok(data) = frame.into_data() else {
-            continue; // trailers are not stored
+        let data = match frame.into_data() {
+            Ok(data) => data,
+            Err(frame) => {
+                // Trailers end the body: kept (all of them, should a body
+                // send two blocks) for storing and for the first answer.
+                if let Ok(t) = frame.into_trailers() {
+                    trailers.get_or_insert_with(http::HeaderMap::new).extend(t);
+                }
+                continue;
+            }
         };
         match first.take() {
             None if joined.is_empty() => first = Some(data),
@@ -226,5 +254,5 @@ pub(super) async fn read_response(mut body: Body, limit: usize) -> ResponseBody 
             );
         }
     }
-    ResponseBody::Whole(first.unwrap_or_else(|| joined.freeze()))
+    ResponseBody::Whole(first.unwrap_or_else(|| joined.freeze()), trailers)
 }

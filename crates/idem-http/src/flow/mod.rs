@@ -88,6 +88,10 @@ where
                 ));
             }
         };
+    if crate::grpc::is_grpc(&parts.headers) && crate::grpc::has_compressed_message(&bytes) {
+        let r = Rejection::CompressedMessage;
+        return Ok(ended(&id, started, r.outcome(), shared.reject(r)));
+    }
     let content_type = parts
         .headers
         .get(header::CONTENT_TYPE)

@@ -64,7 +64,7 @@ async fn tiny_frames_do_not_hold_their_buffers() {
         next: 0,
         held: held.clone(),
     };
-    let ResponseBody::Whole(read) = read_response(boxed(body), 1 << 20).await else {
+    let ResponseBody::Whole(read, _) = read_response(boxed(body), 1 << 20).await else {
         panic!("the answer is under the limit");
     };
     let expected: Vec<u8> = (0..frames).map(|i| b'a' + (i % 26) as u8).collect();

@@ -176,6 +176,7 @@ pub async fn complete_as_an_old_release(
         status: 201,
         headers: vec![("content-type".into(), b"text/plain".to_vec())],
         body: b"from the old release".to_vec(),
+        trailers: Vec::new(),
     };
     let _ = store
         .complete(id, lease.fence, Completion::completed(stored), now)
