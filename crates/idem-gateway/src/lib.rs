@@ -68,6 +68,7 @@
 mod accept;
 mod error;
 mod front;
+mod h2_server;
 mod listener;
 mod pool;
 mod proxy;
@@ -90,7 +91,7 @@ use tower::Layer as _;
 pub use accept::{Accept, Accepted, Connecting};
 pub use error::Error;
 pub use proxy::rewritten_on_the_way;
-pub use settings::{ConnectionLimits, UpstreamSettings};
+pub use settings::{ConnectionLimits, Http2Limits, UpstreamProtocol, UpstreamSettings};
 pub use stall::StallGuard;
 pub use tcp::TcpAcceptor;
 pub use thread_store::{OpenStore, ThreadStores};

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -30,6 +30,7 @@ use idem_http::BoxError;
 use crate::accept::{Accept, Accepted, Connecting};
 use crate::error::Error;
 use crate::front::{ConnectionService, Front};
+use crate::h2_server::{StreamSlots, http2_bounds};
 use crate::settings::ConnectionLimits;
 use crate::spread::{Placed, Spread, spread};
 
@@ -291,13 +292,14 @@ async fn accept<A: Accept>(
         };
         let app = app.for_peer(peer);
         let watcher = graceful.watcher();
+        let tls = acceptor.is_tls();
         let acceptor = acceptor.clone();
         let shutdown = shutdown.clone();
         let cut_off = cut_off.clone();
         let serve = async move {
             let conn = Connecting::new(peer, limits);
             if let Some(accepted) = set_up(&*acceptor, stream, &conn, &shutdown).await {
-                serve_connection(accepted.into_inner(), app, limits, watcher).await;
+                serve_connection(accepted, tls, app, limits, watcher).await;
             }
         };
         connections.spawn(async move {
@@ -361,22 +363,49 @@ async fn set_up<A: Accept>(
     }
 }
 
-/// Serves one connection, as its [`Accept`] step set it up, with the
-/// header bound.
+/// Serves one connection, as its [`Accept`] step set it up: HTTP/2 when
+/// TLS negotiated `h2`, HTTP/2 or HTTP/1.1 by the client's first bytes on
+/// a plain connection (h2c with prior knowledge), HTTP/1.1 otherwise, or
+/// always when HTTP/2 is off. HTTP/1.1 has the header bound; HTTP/2 the
+/// bounds of [`Http2Limits`](crate::Http2Limits), and a bound on the
+/// executions its streams may have running ([`StreamSlots`]).
 async fn serve_connection<T>(
-    io: T,
+    accepted: Accepted<T>,
+    tls: bool,
     app: ConnectionService,
     limits: ConnectionLimits,
     watcher: Watcher,
 ) where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let mut builder = hyper::server::conn::http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_timeout);
-    let conn = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(app));
-    if let Err(e) = watcher.watch(conn).await {
+    let negotiated_h2 = accepted.alpn_protocol() == Some(b"h2".as_slice());
+    let io = TokioIo::new(accepted.into_inner());
+    let h2 = limits.http2;
+    let ended = if h2.enabled && negotiated_h2 {
+        let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+        http2_bounds!(builder, limits);
+        let slotted = StreamSlots::new(app, h2.max_concurrent_streams);
+        let conn = builder.serve_connection(io, TowerToHyperService::new(slotted));
+        watcher.watch(conn).await.map_err(BoxError::from)
+    } else if h2.enabled && !tls {
+        let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_timeout);
+        http2_bounds!(builder.http2(), limits);
+        let slotted = StreamSlots::new(app, h2.max_concurrent_streams);
+        let conn = builder.serve_connection(io, TowerToHyperService::new(slotted));
+        watcher.watch(conn.into_owned()).await
+    } else {
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_timeout);
+        let conn = builder.serve_connection(io, TowerToHyperService::new(app));
+        watcher.watch(conn).await.map_err(BoxError::from)
+    };
+    if let Err(e) = ended {
         tracing::debug!(error = %e, "connection ended with an error");
     }
 }

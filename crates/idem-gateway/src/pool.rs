@@ -32,11 +32,16 @@
 //! ([`out_of_step`]). Bytes that arrive unasked on an idle connection (a
 //! second answer, or more than the answer's length) make hyper close it.
 //!
-//! Not a general client: one origin, HTTP/1 only, no proxies, and the
-//! caller writes `Host` and the origin-form target.
+//! Over HTTP/2 (`h2`, `h2c`, or `auto` when the upstream picks `h2`) the
+//! thread has one multiplexed connection instead (`pool/h2.rs`): streams
+//! are framed apart, so nothing of one exchange can be read as another's,
+//! and the checks above are HTTP/1's alone.
+//!
+//! Not a general client: one origin, no proxies, and the caller writes
+//! `Host` and the origin-form target (made absolute here for HTTP/2).
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -50,6 +55,9 @@ use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
 use idem_http::{Body, BoxError, boxed};
 use tokio::task::AbortHandle;
+
+use crate::settings::UpstreamProtocol;
+use h2::{Negotiated, SendRequest2};
 use tokio::time::Instant;
 use tower::ServiceExt as _;
 
@@ -84,6 +92,14 @@ pub(crate) enum SendError {
 /// One serving thread's connections to the upstream.
 pub(crate) struct Pool {
     connector: HttpsConnector<HttpConnector>,
+    /// The HTTP version spoken (`auto`: as [`Pool::negotiated`] learns).
+    protocol: UpstreamProtocol,
+    /// The multiplexed HTTP/2 connection, once there is one; locked while
+    /// it is made, so that requests that come meanwhile wait for it
+    /// instead of each opening one.
+    h2: tokio::sync::Mutex<Option<SendRequest2>>,
+    /// With `auto`: what the upstream picked by ALPN (see [`Negotiated`]).
+    negotiated: AtomicU8,
     /// The upstream's scheme and authority: where a connection goes.
     origin: Uri,
     /// Oldest first; taken from the end.
@@ -134,6 +150,7 @@ impl Pool {
     pub(crate) fn new(
         origin: Uri,
         tls: Option<rustls::ClientConfig>,
+        protocol: UpstreamProtocol,
         connect_timeout: Duration,
         idle_timeout: Duration,
     ) -> Arc<Pool> {
@@ -142,15 +159,29 @@ impl Pool {
         connector.set_connect_timeout(Some(connect_timeout));
         // The connector must let the https scheme through to the TLS layer.
         connector.enforce_http(false);
-        let connector = match tls {
+        let connector = match (tls, protocol) {
             // Only https: a redirect-free proxy never changes scheme, and
-            // an https upstream must never be reached in plain text.
-            Some(tls) => HttpsConnectorBuilder::new()
+            // an https upstream must never be reached in plain text. The
+            // ALPN list is the protocol's: `h2` alone, `http/1.1` alone,
+            // or both for `auto`.
+            (Some(tls), UpstreamProtocol::H2) => HttpsConnectorBuilder::new()
                 .with_tls_config(tls)
                 .https_only()
-                .enable_http1()
+                .enable_http2()
                 .wrap_connector(connector),
-            None => HttpsConnectorBuilder::new()
+            (Some(tls), UpstreamProtocol::Auto) => HttpsConnectorBuilder::new()
+                .with_tls_config(tls)
+                .https_only()
+                .enable_all_versions()
+                .wrap_connector(connector),
+            (Some(tls), UpstreamProtocol::Http1 | UpstreamProtocol::H2c) => {
+                HttpsConnectorBuilder::new()
+                    .with_tls_config(tls)
+                    .https_only()
+                    .enable_http1()
+                    .wrap_connector(connector)
+            }
+            (None, _) => HttpsConnectorBuilder::new()
                 .with_tls_config(plain_only())
                 .https_or_http()
                 .enable_http1()
@@ -158,6 +189,9 @@ impl Pool {
         };
         Arc::new(Pool {
             connector,
+            protocol,
+            h2: tokio::sync::Mutex::new(None),
+            negotiated: AtomicU8::new(Negotiated::Unknown as u8),
             origin,
             idle: Mutex::new(Vec::new()),
             idle_timeout,
@@ -180,6 +214,18 @@ impl Pool {
         request: Request<Body>,
         deadline: Instant,
     ) -> Result<Response<Body>, SendError> {
+        if self.speaks_h2() {
+            return self.send_h2(request, deadline).await;
+        }
+        self.send_h1(request, deadline).await
+    }
+
+    /// [`Pool::send`] over HTTP/1.1.
+    async fn send_h1(
+        self: &Arc<Self>,
+        request: Request<Body>,
+        deadline: Instant,
+    ) -> Result<Response<Body>, SendError> {
         let head = request.method() == http::Method::HEAD;
         // A request with a body tells when its end was handed over; one
         // without has nothing an answer could come before.
@@ -194,7 +240,11 @@ impl Pool {
             let (mut conn, reused) = match self.checkout() {
                 Some(conn) => (conn, true),
                 None => match tokio::time::timeout_at(deadline, self.connect()).await {
-                    Ok(connected) => (connected?, false),
+                    Ok(Ok(Some(conn))) => (conn, false),
+                    // `auto`, and the upstream picked HTTP/2: nothing of
+                    // the request was written.
+                    Ok(Ok(None)) => return self.send_h2(request, deadline).await,
+                    Ok(Err(e)) => return Err(e),
                     Err(_) => return Err(SendError::NotSent(CONNECT_TOO_SLOW.into())),
                 },
             };
@@ -243,7 +293,9 @@ impl Pool {
         None
     }
 
-    async fn connect(self: &Arc<Self>) -> Result<Conn, SendError> {
+    /// A new HTTP/1.1 connection; `None` when the upstream picked HTTP/2
+    /// for it instead (`auto`): it is then the thread's HTTP/2 one.
+    async fn connect(self: &Arc<Self>) -> Result<Option<Conn>, SendError> {
         self.start_reaping();
         let io = self
             .connector
@@ -251,6 +303,10 @@ impl Pool {
             .oneshot(self.origin.clone())
             .await
             .map_err(SendError::NotSent)?;
+        if self.upstream_picked_h2(&io) {
+            self.adopt_h2(io).await?;
+            return Ok(None);
+        }
         let (mut sender, connection) = http1::handshake(io)
             .await
             .map_err(|e| SendError::NotSent(e.into()))?;
@@ -270,10 +326,10 @@ impl Pool {
             };
             return Err(SendError::NotSent(cause.into()));
         }
-        Ok(Conn {
+        Ok(Some(Conn {
             sender,
             task: task.abort_handle(),
-        })
+        }))
     }
 
     /// `response` with its connection: back in the pool now if the
@@ -574,5 +630,6 @@ impl http_body::Body for Returning {
     }
 }
 
+mod h2;
 #[cfg(test)]
 mod tests;

@@ -54,6 +54,28 @@ pub struct UpstreamSettings {
     /// the headers a custom scope function
     /// ([`ScopeSource::Custom`](idem_http::ScopeSource::Custom)) reads.
     pub protected_headers: Vec<HeaderName>,
+    /// The HTTP version the upstream is spoken to in (default
+    /// [`UpstreamProtocol::Http1`]).
+    pub protocol: UpstreamProtocol,
+}
+
+/// The HTTP version the gateway speaks to its upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UpstreamProtocol {
+    /// HTTP/1.1 on a pool of connections, one exchange at a time each.
+    #[default]
+    Http1,
+    /// HTTP/2 over TLS (ALPN `h2` only): one multiplexed connection per
+    /// serving thread. An `http://` upstream gets no connection.
+    H2,
+    /// HTTP/2 in clear text with prior knowledge (h2c, RFC 9113 section
+    /// 3.3): one multiplexed connection per serving thread. An
+    /// `https://` upstream gets no connection.
+    H2c,
+    /// For `https://`, whatever the upstream picks by ALPN (`h2`, then
+    /// `http/1.1`) on each new connection; for `http://`, HTTP/1.1 (clear
+    /// text offers no negotiation).
+    Auto,
 }
 
 impl UpstreamSettings {
@@ -70,6 +92,7 @@ impl UpstreamSettings {
             body_timeout: Duration::from_secs(30),
             trust_forwarded: false,
             protected_headers: Vec::new(),
+            protocol: UpstreamProtocol::Http1,
         }
     }
 
@@ -91,6 +114,7 @@ impl std::fmt::Debug for UpstreamSettings {
             .field("body_timeout", &self.body_timeout)
             .field("trust_forwarded", &self.trust_forwarded)
             .field("protected_headers", &self.protected_headers)
+            .field("protocol", &self.protocol)
             .finish()
     }
 }
@@ -142,17 +166,134 @@ pub struct ConnectionLimits {
     /// stops reading its answer) before the connection is closed. More
     /// than zero and at most 365 days.
     pub stall_timeout: Duration,
+    /// HTTP/2 on client connections: whether it is served, and its bounds.
+    pub http2: Http2Limits,
 }
 
 impl Default for ConnectionLimits {
     /// The `idem serve` defaults: 1024 connections, 10 s for headers,
-    /// 30 s of a stalled write.
+    /// 30 s of a stalled write, HTTP/2 as [`Http2Limits::default`].
     fn default() -> ConnectionLimits {
         ConnectionLimits {
             max_connections: 1024,
             header_timeout: Duration::from_secs(10),
             stall_timeout: Duration::from_secs(30),
+            http2: Http2Limits::default(),
         }
+    }
+}
+
+/// HTTP/2 on client connections: offered by ALPN (`h2`, then
+/// `http/1.1`) on the TLS listener, and taken with prior knowledge (h2c)
+/// on the plain one, when `enabled`; with the bounds a hostile client
+/// needs. Every field is checked by
+/// [`Gateway::start`](crate::Gateway::start).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Http2Limits {
+    /// Whether HTTP/2 is served at all (default on). Off: HTTP/1.1 only,
+    /// and the TLS listener offers only `http/1.1`.
+    pub enabled: bool,
+    /// Streams a connection may have open at once (default 100, as
+    /// RFC 9113 section 6.5.2 suggests as a floor). It also bounds the
+    /// executions a connection's requests may have running, reset streams
+    /// included: a request that would start one more waits for a slot.
+    /// At least 1 and at most 10 000.
+    pub max_concurrent_streams: u32,
+    /// The largest header list a request may send, counted as RFC 9113
+    /// section 6.5.2 counts it (default 16 KiB). 1 KiB to 1 MiB.
+    pub max_header_list_size: u32,
+    /// Flow-control window of each stream (default 1 MiB): what a client
+    /// may send on a stream before the gateway has read it. 64 KiB to
+    /// 16 MiB.
+    pub stream_window: u32,
+    /// Flow-control window of the whole connection (default 2 MiB), at
+    /// least the stream window and at most 64 MiB.
+    pub connection_window: u32,
+    /// How often an idle connection is pinged (default 30 s; `None`:
+    /// never); one that does not answer within
+    /// [`keep_alive_timeout`](Http2Limits::keep_alive_timeout) is closed.
+    pub keep_alive_interval: Option<Duration>,
+    /// How long a ping may go unanswered (default 10 s).
+    pub keep_alive_timeout: Duration,
+    /// Streams a client may reset before the gateway has taken them up,
+    /// past which the connection is closed with `ENHANCE_YOUR_CALM`: the
+    /// rapid-reset defence (CVE-2023-44487). Default 20; 1 to 10 000.
+    pub max_pending_resets: usize,
+    /// Streams the gateway may reset for a client's errors on one
+    /// connection before closing it (default 1024); 1 to 100 000.
+    pub max_local_error_resets: usize,
+}
+
+impl Default for Http2Limits {
+    fn default() -> Http2Limits {
+        Http2Limits {
+            enabled: true,
+            max_concurrent_streams: 100,
+            max_header_list_size: 16 * 1024,
+            stream_window: 1024 * 1024,
+            connection_window: 2 * 1024 * 1024,
+            keep_alive_interval: Some(Duration::from_secs(30)),
+            keep_alive_timeout: Duration::from_secs(10),
+            max_pending_resets: 20,
+            max_local_error_resets: 1024,
+        }
+    }
+}
+
+impl Http2Limits {
+    /// Refuses a limit outside its bounds.
+    pub(crate) fn check(&self) -> Result<(), Error> {
+        let within = |setting: &'static str, value: u64, min: u64, max: u64| {
+            if (min..=max).contains(&value) {
+                Ok(())
+            } else {
+                Err(Error::Setting {
+                    setting,
+                    bound: format!("between {min} and {max}"),
+                    value: value.to_string(),
+                })
+            }
+        };
+        within(
+            "Http2Limits::max_concurrent_streams",
+            self.max_concurrent_streams.into(),
+            1,
+            10_000,
+        )?;
+        within(
+            "Http2Limits::max_header_list_size",
+            self.max_header_list_size.into(),
+            1024,
+            1 << 20,
+        )?;
+        within(
+            "Http2Limits::stream_window",
+            self.stream_window.into(),
+            64 * 1024,
+            16 << 20,
+        )?;
+        within(
+            "Http2Limits::connection_window",
+            self.connection_window.into(),
+            self.stream_window.into(),
+            64 << 20,
+        )?;
+        within(
+            "Http2Limits::max_pending_resets",
+            self.max_pending_resets as u64,
+            1,
+            10_000,
+        )?;
+        within(
+            "Http2Limits::max_local_error_resets",
+            self.max_local_error_resets as u64,
+            1,
+            100_000,
+        )?;
+        if let Some(interval) = self.keep_alive_interval {
+            check_timeout("Http2Limits::keep_alive_interval", interval)?;
+        }
+        check_timeout("Http2Limits::keep_alive_timeout", self.keep_alive_timeout)
     }
 }
 
@@ -168,7 +309,8 @@ impl ConnectionLimits {
             });
         }
         check_timeout("ConnectionLimits::header_timeout", self.header_timeout)?;
-        check_timeout("ConnectionLimits::stall_timeout", self.stall_timeout)
+        check_timeout("ConnectionLimits::stall_timeout", self.stall_timeout)?;
+        self.http2.check()
     }
 }
 

@@ -388,6 +388,42 @@ pub(crate) struct ServeArgs {
     /// closing (502, key held).
     #[arg(long, env = "IDEM_UPSTREAM_IDLE_TIMEOUT")]
     pub(crate) upstream_idle_timeout: Option<String>,
+    /// The HTTP version spoken to the upstream: http1, h2 (HTTP/2 over
+    /// TLS), h2c (HTTP/2 in clear text, prior knowledge) or auto (ALPN
+    /// picks for https://; HTTP/1.1 for http://) [default: http1].
+    #[arg(long, env = "IDEM_UPSTREAM_PROTOCOL")]
+    pub(crate) upstream_protocol: Option<String>,
+    /// Serve HTTP/1.1 only: no h2 in the TLS listener's ALPN, no h2c on
+    /// the plain one.
+    #[arg(long, env = "IDEM_NO_HTTP2")]
+    pub(crate) no_http2: bool,
+    /// HTTP/2 streams a client connection may have open at once; also
+    /// the executions its requests may have running, reset streams
+    /// included [default: 100].
+    #[arg(long, env = "IDEM_H2_MAX_STREAMS")]
+    pub(crate) h2_max_streams: Option<usize>,
+    /// Largest HTTP/2 header list a request may send [default: 16KiB].
+    #[arg(long, env = "IDEM_H2_MAX_HEADER_LIST")]
+    pub(crate) h2_max_header_list: Option<String>,
+    /// HTTP/2 flow-control window of a stream [default: 1MiB].
+    #[arg(long, env = "IDEM_H2_STREAM_WINDOW")]
+    pub(crate) h2_stream_window: Option<String>,
+    /// HTTP/2 flow-control window of a connection [default: 2MiB].
+    #[arg(long, env = "IDEM_H2_CONNECTION_WINDOW")]
+    pub(crate) h2_connection_window: Option<String>,
+    /// How often an idle HTTP/2 connection is pinged; 0 never
+    /// [default: 30s].
+    #[arg(long, env = "IDEM_H2_KEEPALIVE_INTERVAL")]
+    pub(crate) h2_keepalive_interval: Option<String>,
+    /// How long an HTTP/2 ping may go unanswered before the connection
+    /// is closed [default: 10s].
+    #[arg(long, env = "IDEM_H2_KEEPALIVE_TIMEOUT")]
+    pub(crate) h2_keepalive_timeout: Option<String>,
+    /// HTTP/2 streams a client may reset before the gateway takes them
+    /// up, past which its connection is closed: the rapid-reset defence
+    /// [default: 20].
+    #[arg(long, env = "IDEM_H2_MAX_RESETS")]
+    pub(crate) h2_max_resets: Option<usize>,
     /// How long running requests may finish after SIGTERM [default: 30s].
     #[arg(long, env = "IDEM_SHUTDOWN_GRACE")]
     pub(crate) shutdown_grace: Option<String>,

@@ -91,6 +91,7 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
             max_connections: cfg.max_connections,
             header_timeout: cfg.header_timeout,
             stall_timeout: cfg.body_timeout,
+            http2: cfg.http2,
         })
         .shutdown_grace(cfg.shutdown_grace)
         .anonymous_reads(cfg.anonymous_reads)
@@ -100,7 +101,14 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
                 .flat_map(|r| r.methods.iter().cloned()),
         );
     if let Some(tls) = &cfg.tls {
-        gateway = gateway.tls(tls.config.clone());
+        // h2 first when HTTP/2 is served: a client that offers both gets it.
+        let mut config = (*tls.config).clone();
+        config.alpn_protocols = if cfg.http2.enabled {
+            vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+        } else {
+            vec![b"http/1.1".to_vec()]
+        };
+        gateway = gateway.tls(Arc::new(config));
     }
     if let Some(stores) = thread_stores {
         gateway = gateway.thread_stores(stores);
@@ -164,6 +172,7 @@ fn upstream_settings(cfg: &GatewayConfig) -> UpstreamSettings {
         body_timeout: cfg.body_timeout,
         trust_forwarded: cfg.trust_forwarded,
         protected_headers: Vec::new(),
+        protocol: cfg.upstream_protocol,
     }
 }
 

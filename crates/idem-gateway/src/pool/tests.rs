@@ -87,6 +87,7 @@ mod exchanges {
     use tokio::sync::{Semaphore, mpsc};
 
     use crate::pool::{Pool, SendError};
+    use crate::settings::UpstreamProtocol;
 
     /// What the hand-written upstream does after reading a request head.
     #[derive(Clone)]
@@ -187,6 +188,7 @@ mod exchanges {
         Pool::new(
             up.origin.clone(),
             None,
+            UpstreamProtocol::Http1,
             Duration::from_secs(5),
             idle_timeout,
         )
@@ -299,6 +301,7 @@ mod exchanges {
         let pool = Pool::new(
             origin,
             None,
+            UpstreamProtocol::Http1,
             Duration::from_secs(5),
             Duration::from_secs(60),
         );
@@ -337,6 +340,7 @@ mod exchanges {
         let pool = Pool::new(
             origin,
             Some(tls),
+            UpstreamProtocol::Http1,
             Duration::from_secs(60),
             Duration::from_secs(60),
         );
@@ -448,7 +452,7 @@ mod exchanges {
         let timeout = Duration::from_secs(10);
         let pool = pool(&up, timeout);
         let long_ago = tokio::time::Instant::now().checked_sub(timeout).unwrap();
-        let late = pool.connect().await.unwrap();
+        let late = pool.connect().await.unwrap().unwrap();
         pool.put(late, long_ago);
         assert_eq!(pool.idle_count(), 0, "kept though idle too long");
 

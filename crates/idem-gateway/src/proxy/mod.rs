@@ -49,6 +49,7 @@ pub(crate) use framing::transfer_codings;
 use framing::{ends_at_close, unknown_coding};
 use upstream::Upstream;
 
+use crate::h2_server::ExecutionSlot;
 use crate::pool::{Pool, SendError};
 use crate::settings::UpstreamSettings;
 
@@ -128,6 +129,7 @@ impl Proxy {
             pool: Pool::new(
                 origin,
                 settings.tls.clone(),
+                settings.protocol,
                 settings.timeout.min(Duration::from_secs(5)),
                 settings.idle_timeout,
             ),
@@ -195,6 +197,20 @@ impl Forwarder {
         };
         let keyed = parts.extensions.get::<IdempotencyContext>().is_some();
         let head = parts.method == http::Method::HEAD;
+        // An HTTP/2 request's stream slot goes with its answer (see
+        // `h2_server.rs`), not with the request hyper drops once written.
+        let slot = parts.extensions.remove::<ExecutionSlot>();
+        // An HTTP/2 client names the host in the target, not in `Host`:
+        // the forwarding headers are written from it as from `Host`.
+        if !parts.headers.contains_key(header::HOST)
+            && let Some(authority) = parts.uri.authority()
+            && let Ok(host) = HeaderValue::from_str(authority.as_str())
+        {
+            parts.headers.insert(header::HOST, host);
+        }
+        // `TE: trailers` says the client reads trailers (gRPC needs it
+        // sent on); every other transfer coding is the hop's.
+        let takes_trailers = wants_trailers(&parts.headers);
         rewrite_headers(
             &mut parts.headers,
             parts.extensions.get::<Peer>(),
@@ -203,12 +219,20 @@ impl Forwarder {
             self.client_proto,
             self.trust_forwarded,
         );
+        if takes_trailers {
+            parts
+                .headers
+                .insert(header::TE, HeaderValue::from_static("trailers"));
+        }
         parts.uri = target;
         let request = Request::from_parts(parts, body);
         let deadline = Instant::now() + self.timeout;
         match tokio::time::timeout_at(deadline, self.pool.send(request, deadline)).await {
             Ok(Ok(resp)) => {
                 let (mut parts, body) = resp.into_parts();
+                if let Some(slot) = slot {
+                    parts.extensions.insert(slot);
+                }
                 if !(200..=599).contains(&parts.status.as_u16()) {
                     // The pool closes its connection (a 101 ended it).
                     return invalid_status(parts.status);
@@ -221,7 +245,10 @@ impl Forwarder {
                     let refused = unreadable_coding(&coding);
                     return if keyed { unknown(refused) } else { refused };
                 }
-                let unverified_end = ends_at_close(&parts.headers)
+                // An HTTP/2 answer ends with its stream's END_STREAM flag,
+                // never with its connection.
+                let unverified_end = parts.version < http::Version::HTTP_2
+                    && ends_at_close(&parts.headers)
                     && !head
                     && !matches!(parts.status.as_u16(), 204 | 304);
                 // RFC 9112 section 6.3: a length that came with a transfer
@@ -331,4 +358,14 @@ impl Service<Request<Body>> for Proxy {
         let forwarder = self.0.clone();
         Box::pin(async move { Ok(forwarder.forward(req).await) })
     }
+}
+
+/// Whether a request's `TE` lists `trailers`.
+fn wants_trailers(headers: &http::HeaderMap) -> bool {
+    headers
+        .get_all(header::TE)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .map(|t| t.split(|b| *b == b';').next().unwrap_or(t).trim_ascii())
+        .any(|t| t.eq_ignore_ascii_case(b"trailers"))
 }

@@ -41,6 +41,15 @@ pub(crate) struct FileConfig {
     pub(super) upstream_idle_timeout: Option<String>,
     pub(super) shutdown_grace: Option<String>,
     pub(super) sweep_interval: Option<String>,
+    pub(super) upstream_protocol: Option<String>,
+    pub(super) http2: Option<bool>,
+    pub(super) h2_max_streams: Option<usize>,
+    pub(super) h2_max_header_list: Option<String>,
+    pub(super) h2_stream_window: Option<String>,
+    pub(super) h2_connection_window: Option<String>,
+    pub(super) h2_keepalive_interval: Option<String>,
+    pub(super) h2_keepalive_timeout: Option<String>,
+    pub(super) h2_max_resets: Option<usize>,
     #[serde(default, rename = "route")]
     pub(super) routes: Vec<FileRoute>,
 }

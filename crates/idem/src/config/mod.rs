@@ -19,6 +19,7 @@ mod sections;
 mod tests;
 mod values;
 
+use idem_gateway::{Http2Limits, UpstreamProtocol};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -80,6 +81,8 @@ pub(crate) struct GatewayConfig {
     pub(crate) upstream_idle_timeout: Duration,
     pub(crate) shutdown_grace: Duration,
     pub(crate) sweep_interval: Duration,
+    pub(crate) upstream_protocol: UpstreamProtocol,
+    pub(crate) http2: Http2Limits,
 }
 
 impl GatewayConfig {
@@ -120,6 +123,7 @@ impl GatewayConfig {
         let policy = sections::default_policy(&sources, upstream.timeout, store.timeout, p);
         let limits = sections::limits(&sources, p);
         let keys = sections::keys(&sources, p);
+        let http2 = sections::http2(&sources, p);
         let inherited = routes::Inherited {
             ttl: policy.ttl,
             lease: policy.lease,
@@ -178,6 +182,8 @@ impl GatewayConfig {
             upstream_idle_timeout: upstream.idle_timeout?,
             shutdown_grace: limits.shutdown_grace?,
             sweep_interval: limits.sweep_interval?,
+            upstream_protocol: upstream.protocol?,
+            http2: http2?,
         })
     }
 }

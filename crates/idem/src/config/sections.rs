@@ -20,6 +20,7 @@ use super::values::{
 };
 use crate::cli::ServeArgs;
 use crate::tls::{CaFile, ServerTls};
+use idem_gateway::{Http2Limits, UpstreamProtocol};
 use idem_stores::StoreUrl;
 
 /// Where each setting comes from: its flag (or environment variable)
@@ -40,6 +41,7 @@ pub(super) struct Upstream {
     pub(super) tls: Option<Option<rustls::ClientConfig>>,
     pub(super) timeout: Option<Duration>,
     pub(super) idle_timeout: Option<Duration>,
+    pub(super) protocol: Option<UpstreamProtocol>,
 }
 
 pub(super) fn upstream(s: &Sources<'_>, p: &mut Problems) -> Upstream {
@@ -84,12 +86,17 @@ pub(super) fn upstream(s: &Sources<'_>, p: &mut Problems) -> Upstream {
         Duration::from_millis(100),
         Duration::from_secs(3600),
     ));
+    let protocol = p.check(upstream_protocol(
+        pick(&args.upstream_protocol, &file.upstream_protocol),
+        url.as_ref().and_then(http::Uri::scheme_str),
+    ));
     Upstream {
         url,
         ca,
         tls,
         timeout,
         idle_timeout,
+        protocol,
     }
 }
 
@@ -436,4 +443,127 @@ fn key_header(
         bail!("--key-header and --{flag} both name {name}: a key cannot be its own scope");
     }
     Ok(name)
+}
+
+/// `--upstream-protocol`, which must suit the upstream's scheme: `h2`
+/// needs TLS (ALPN), `h2c` clear text.
+fn upstream_protocol(v: Option<String>, scheme: Option<&str>) -> anyhow::Result<UpstreamProtocol> {
+    let protocol = match v.as_deref().map(str::trim) {
+        None | Some("http1") => UpstreamProtocol::Http1,
+        Some("h2") => UpstreamProtocol::H2,
+        Some("h2c") => UpstreamProtocol::H2c,
+        Some("auto") => UpstreamProtocol::Auto,
+        Some(_) => bail!("--upstream-protocol must be http1, h2, h2c or auto"),
+    };
+    match (protocol, scheme) {
+        (UpstreamProtocol::H2, Some("http")) => {
+            bail!("--upstream-protocol h2 is HTTP/2 over TLS: use h2c for an http:// upstream")
+        }
+        (UpstreamProtocol::H2c, Some("https")) => {
+            bail!(
+                "--upstream-protocol h2c is HTTP/2 in clear text: use h2 for an https:// upstream"
+            )
+        }
+        _ => Ok(protocol),
+    }
+}
+
+/// HTTP/2 on client connections: on unless `--no-http2`, with its bounds.
+pub(super) fn http2(s: &Sources<'_>, p: &mut Problems) -> Option<Http2Limits> {
+    let (args, file) = (s.args, s.file);
+    let d = Http2Limits::default();
+    let enabled = !args.no_http2 && file.http2.unwrap_or(true);
+    let count = |p: &mut Problems, v: Option<usize>, name, default: usize, max| {
+        p.check(bounded_count(v, name, default, 1, max))
+    };
+    let size = |p: &mut Problems,
+                flag: &Option<String>,
+                text: &Option<String>,
+                name,
+                default: u32,
+                min: u32,
+                max: u32| {
+        let v = p.check(bounded_size(
+            pick(flag, text).as_ref(),
+            name,
+            default as usize,
+        ))?;
+        if !(min as usize..=max as usize).contains(&v) {
+            p.add(format!("--{name} must be between {min} and {max} bytes"));
+            return None;
+        }
+        u32::try_from(v).ok()
+    };
+    let streams = count(
+        p,
+        args.h2_max_streams.or(file.h2_max_streams),
+        "h2-max-streams",
+        d.max_concurrent_streams as usize,
+        10_000,
+    );
+    let resets = count(
+        p,
+        args.h2_max_resets.or(file.h2_max_resets),
+        "h2-max-resets",
+        d.max_pending_resets,
+        10_000,
+    );
+    let header_list = size(
+        p,
+        &args.h2_max_header_list,
+        &file.h2_max_header_list,
+        "h2-max-header-list",
+        d.max_header_list_size,
+        1024,
+        1 << 20,
+    );
+    let stream_window = size(
+        p,
+        &args.h2_stream_window,
+        &file.h2_stream_window,
+        "h2-stream-window",
+        d.stream_window,
+        64 * 1024,
+        16 << 20,
+    );
+    let connection_window = size(
+        p,
+        &args.h2_connection_window,
+        &file.h2_connection_window,
+        "h2-connection-window",
+        d.connection_window,
+        64 * 1024,
+        64 << 20,
+    );
+    let interval = p.check(bounded_duration(
+        pick(&args.h2_keepalive_interval, &file.h2_keepalive_interval).as_ref(),
+        "h2-keepalive-interval",
+        d.keep_alive_interval.unwrap_or(Duration::ZERO),
+        Duration::ZERO,
+        Duration::from_secs(86_400),
+    ));
+    let timeout = p.check(bounded_duration(
+        pick(&args.h2_keepalive_timeout, &file.h2_keepalive_timeout).as_ref(),
+        "h2-keepalive-timeout",
+        d.keep_alive_timeout,
+        Duration::from_millis(100),
+        Duration::from_secs(3600),
+    ));
+    if let (Some(s), Some(c)) = (stream_window, connection_window)
+        && c < s
+    {
+        p.add("--h2-connection-window must be at least --h2-stream-window");
+        return None;
+    }
+    Some(Http2Limits {
+        enabled,
+        max_concurrent_streams: u32::try_from(streams?).ok()?,
+        max_header_list_size: header_list?,
+        stream_window: stream_window?,
+        connection_window: connection_window?,
+        keep_alive_interval: interval.filter(|i| !i.is_zero()),
+        keep_alive_timeout: timeout?,
+        max_pending_resets: resets?,
+        ..d
+    })
 }
