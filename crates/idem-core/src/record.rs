@@ -130,18 +130,27 @@ impl StoredResponse {
     /// that keep them in a single column: for each header, a u16 name
     /// length, the name, a u32 value length and the value, all
     /// big-endian; then, if there are trailers, one field with an empty
-    /// name and value (no header has an empty name) and the trailers the
-    /// same way. A block without trailers is what this wrote before
+    /// name and value (no header has an empty name: fields without one
+    /// are left out) and the trailers the same way. A block without trailers is what this wrote before
     /// trailers were kept, so records stored then decode as they were.
     pub fn encode_headers(&self) -> Vec<u8> {
-        let mut out = Vec::new();
-        for (name, value) in &self.headers {
-            encode_field(&mut out, name.as_bytes(), value);
+        // A field without a name is no header (and would read as the mark).
+        fn named(fields: &[(String, Vec<u8>)]) -> Vec<(&[u8], &[u8])> {
+            fields
+                .iter()
+                .filter(|(name, _)| !name.is_empty())
+                .map(|(n, v)| (n.as_bytes(), v.as_slice()))
+                .collect()
         }
-        if !self.trailers.is_empty() {
+        let mut out = Vec::new();
+        for (name, value) in named(&self.headers) {
+            encode_field(&mut out, name, value);
+        }
+        let trailers = named(&self.trailers);
+        if !trailers.is_empty() {
             encode_field(&mut out, b"", b"");
-            for (name, value) in &self.trailers {
-                encode_field(&mut out, name.as_bytes(), value);
+            for (name, value) in trailers {
+                encode_field(&mut out, name, value);
             }
         }
         out
@@ -319,6 +328,16 @@ mod tests {
         assert_eq!(
             StoredResponse::decode_headers(&valued),
             Err(HeaderDecodeError)
+        );
+        // A field without a name is left out, never written as the mark.
+        let nameless = StoredResponse {
+            headers: vec![("".into(), b"x".to_vec()), ("etag".into(), b"1".to_vec())],
+            trailers: vec![("".into(), vec![])],
+            ..StoredResponse::default()
+        };
+        assert_eq!(
+            StoredResponse::decode_headers(&nameless.encode_headers()).unwrap(),
+            (vec![("etag".into(), b"1".to_vec())], vec![])
         );
     }
 

@@ -26,7 +26,7 @@ use tokio::net::TcpStream;
 use crate::settings::ConnectionLimits;
 
 /// Turns one accepted TCP connection into the I/O the gateway serves
-/// HTTP/1.1 on: the extension point for TLS and per-socket settings.
+/// HTTP on: the extension point for TLS and per-socket settings.
 ///
 /// A step usually wraps another: it hands the socket to its inner step
 /// and does its part before (a socket option) or after (a handshake over
@@ -131,8 +131,8 @@ impl Connecting {
 /// A connection set up by an [`Accept`] step: the I/O to serve, and what
 /// its setup negotiated.
 ///
-/// The negotiated ALPN protocol is kept for an HTTP/2 server to choose
-/// by; the gateway serves HTTP/1.1 today whatever it says. A wrapper over
+/// The negotiated ALPN protocol chooses the server: HTTP/2 for `h2`,
+/// HTTP/1.1 for anything else. A wrapper over
 /// another step keeps it by changing the I/O with [`Accepted::map`].
 #[derive(Debug)]
 pub struct Accepted<Io> {

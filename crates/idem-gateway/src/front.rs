@@ -19,7 +19,7 @@ use std::task::{Context, Poll};
 use futures_util::future::{Either, Ready, ready};
 use http::{HeaderMap, Method, Request, Response, StatusCode, header};
 use http_body::Body as HttpBody;
-use idem_http::{Body, BoxError, Idempotency, ReadPath, ResponseFuture};
+use idem_http::{Body, BoxError, Idempotency, Problem, ReadPath, ResponseFuture};
 use tower::Service;
 
 use crate::proxy::{Peer, Proxy, transfer_codings};
@@ -134,7 +134,13 @@ where
         let rule_methods = &self.front.rule_methods;
         let unreadable = || unreadable_request(req.method(), req.headers(), rule_methods);
         if let Some(refused) = refused.or_else(unreadable) {
-            return Either::Left(ready(Ok(refused)));
+            // A gRPC client reads a gRPC status, as the layer answers it.
+            let answer = if idem_http::grpc::is_grpc(req.headers()) {
+                idem_http::grpc::problem_as_grpc(&refused, HeaderMap::new())
+            } else {
+                refused.into_response()
+            };
+            return Either::Left(ready(Ok(answer)));
         }
         req.extensions_mut().insert(self.peer.clone());
         // The layer alone says that a request takes a key over (the
@@ -148,8 +154,8 @@ where
     }
 }
 
-fn problem(status: StatusCode, kind: &str, title: &'static str, detail: &str) -> Response<Body> {
-    idem_http::Problem::idem(status, kind, title, detail).into_response()
+fn problem(status: StatusCode, kind: &str, title: &'static str, detail: &str) -> Problem {
+    Problem::idem(status, kind, title, detail)
 }
 
 /// The methods RFC 9110 defines (and PATCH, RFC 5789).
@@ -182,7 +188,7 @@ fn unreadable_request(
     method: &Method,
     headers: &HeaderMap,
     rule_methods: &[Method],
-) -> Option<Response<Body>> {
+) -> Option<Problem> {
     let sent = method.as_str();
     if let Some(standard) = STANDARD_METHODS
         .iter()
@@ -343,7 +349,7 @@ mod tests {
         let method = |m: &str| Method::from_bytes(m.as_bytes()).unwrap();
         let rules = [method("PURGE")];
         let status = |m: &str, h: &[(&str, &str)]| {
-            unreadable_request(&method(m), &headers(h), &rules).map(|r| r.status().as_u16())
+            unreadable_request(&method(m), &headers(h), &rules).map(|p| p.status().as_u16())
         };
         for m in [
             "post", "Post", "pOST", "get", "patch", "Delete", "connect", "purge", "Purge",

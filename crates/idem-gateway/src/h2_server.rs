@@ -17,12 +17,16 @@
 //! while it waits for a slot costs nothing more.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use futures_util::future::{BoxFuture, Either};
 use http::{Request, Response, Version};
-use idem_http::Body;
+use idem_http::{Body, boxed};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tower::{Service, ServiceExt as _};
 
@@ -59,6 +63,8 @@ pub(crate) struct ExecutionSlot(#[allow(dead_code)] Arc<OwnedSemaphorePermit>);
 pub(crate) struct StreamSlots<S> {
     inner: S,
     slots: Arc<Semaphore>,
+    /// The connection's HTTP/2 requests whose answer is not sent yet.
+    open: Arc<AtomicUsize>,
 }
 
 impl<S> StreamSlots<S> {
@@ -67,7 +73,81 @@ impl<S> StreamSlots<S> {
         StreamSlots {
             inner,
             slots: Arc::new(Semaphore::new(slots as usize)),
+            open: Arc::new(AtomicUsize::new(0)),
         }
+    }
+
+    /// Resolves once the connection has had no request open for `idle`
+    /// (checked a few times within it): the connection is then closed.
+    /// No stream is open, so nothing is cut; a request the client sends
+    /// meanwhile was never taken up, and may be sent again.
+    /// `speaks_h2` says whether the connection turned out to be an HTTP/2
+    /// one: an HTTP/1.1 connection's requests are not counted (its header
+    /// timeout closes it when idle), so it is never closed here.
+    pub(crate) fn idle_for(
+        &self,
+        idle: Duration,
+        speaks_h2: Arc<AtomicBool>,
+    ) -> impl Future<Output = ()> + use<S> {
+        let open = self.open.clone();
+        async move {
+            let tick = (idle / 4).max(Duration::from_millis(10));
+            let mut quiet = Duration::ZERO;
+            loop {
+                tokio::time::sleep(tick).await;
+                if speaks_h2.load(Ordering::Relaxed) && open.load(Ordering::Relaxed) == 0 {
+                    quiet += tick;
+                    if quiet >= idle {
+                        return;
+                    }
+                } else {
+                    quiet = Duration::ZERO;
+                }
+            }
+        }
+    }
+}
+
+/// One open HTTP/2 request of a connection, counted from its call until
+/// its answer's body is done with (or the call dropped: a reset).
+struct OpenStream(Arc<AtomicUsize>);
+
+impl OpenStream {
+    fn new(open: &Arc<AtomicUsize>) -> OpenStream {
+        open.fetch_add(1, Ordering::Relaxed);
+        OpenStream(open.clone())
+    }
+}
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// An answer's body that keeps its request counted as open.
+struct Streaming {
+    body: Body,
+    _open: OpenStream,
+}
+
+impl http_body::Body for Streaming {
+    type Data = bytes::Bytes;
+    type Error = idem_http::BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
     }
 }
 
@@ -91,12 +171,118 @@ where
         }
         let inner = self.inner.clone();
         let slots = self.slots.clone();
+        let open = OpenStream::new(&self.open);
         Either::Right(Box::pin(async move {
             // Never closed: the semaphore lives as long as this service.
             if let Ok(slot) = slots.acquire_owned().await {
                 req.extensions_mut().insert(ExecutionSlot(Arc::new(slot)));
             }
-            inner.oneshot(req).await
+            let response = inner.oneshot(req).await;
+            // The stream stays open while its answer's body is sent.
+            Ok(response
+                .unwrap_or_else(|never| match never {})
+                .map(|body| boxed(Streaming { body, _open: open })))
         }))
+    }
+}
+
+/// A plain connection's I/O while hyper reads its first bytes to choose
+/// HTTP/1.1 or HTTP/2 (h2c): those bytes must come within the header
+/// timeout, as an HTTP/1.1 request's headers must (the choice itself has
+/// no clock), and whether they are HTTP/2's preface is noted for the idle
+/// bound ([`StreamSlots::idle_for`]). After the first bytes it is the
+/// I/O it wraps.
+pub(crate) struct FirstBytes<T> {
+    inner: T,
+    /// Until the first bytes came.
+    deadline: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    /// Set when they are HTTP/2's connection preface.
+    speaks_h2: Arc<AtomicBool>,
+}
+
+/// How HTTP/2's connection preface begins (RFC 9113 section 3.4).
+const PREFACE_START: &[u8] = b"PRI ";
+
+impl<T> FirstBytes<T> {
+    /// `inner`, whose first bytes must come within `within`.
+    pub(crate) fn new(inner: T, within: Duration) -> FirstBytes<T> {
+        FirstBytes {
+            inner,
+            deadline: Some(Box::pin(tokio::time::sleep(within))),
+            speaks_h2: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// Set once the connection turned out to speak HTTP/2.
+    pub(crate) fn speaks_h2(&self) -> Arc<AtomicBool> {
+        self.speaks_h2.clone()
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for FirstBytes<T> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        let Some(deadline) = self.deadline.as_mut() else {
+            return polled;
+        };
+        match polled {
+            Poll::Ready(Ok(())) => {
+                let first = &buf.filled()[before..];
+                let n = first.len().min(PREFACE_START.len());
+                if n > 0 && first[..n] == PREFACE_START[..n] {
+                    self.speaks_h2.store(true, Ordering::Relaxed);
+                }
+                self.deadline = None;
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending if deadline.as_mut().poll(cx).is_ready() => {
+                Poll::Ready(Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "no request within the header timeout",
+                )))
+            }
+            other => other,
+        }
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for FirstBytes<T> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, data)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
     }
 }

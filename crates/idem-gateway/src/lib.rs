@@ -1,5 +1,6 @@
 //! The idem gateway as a library: a reverse proxy that puts an
-//! [`IdempotencyLayer`] in front of any HTTP/1.1 service. The `idem serve`
+//! [`IdempotencyLayer`] in front of any HTTP/1.1 or HTTP/2 service (gRPC
+//! unary calls included: idem-http's `grpc` module). The `idem serve`
 //! command is this crate with flags, a configuration file, metrics and an
 //! admin listener around it; a Rust team can embed the same engine in a
 //! binary of its own ([`Gateway`], and `examples/embed.rs`).
@@ -190,7 +191,8 @@ impl<A: Accept> Gateway<A> {
     /// starts, a [`RustlsAcceptor`] goes over its step, so that this
     /// serves as `.acceptor(RustlsAcceptor::over(step, config))` would.
     /// Each handshake must finish within the header timeout. The ALPN
-    /// list is the caller's (the gateway speaks HTTP/1.1). Over a step
+    /// list is the caller's: offer `h2` (first) when
+    /// [`Http2Limits::enabled`], else `http/1.1` alone. Over a step
     /// that speaks TLS already ([`Accept::is_tls`]: a [`RustlsAcceptor`]
     /// given to [`Gateway::acceptor`]), [`Gateway::start`] refuses to run
     /// ([`Error::TlsOverTls`]).

@@ -6,11 +6,13 @@
 //! (`accept.rs`), which the loop here is generic over.
 //!
 //! axum's `serve` offers none of these knobs, so connections are served
-//! here with hyper's HTTP/1 server directly, by the gateway's own front
-//! service (`front.rs`).
+//! here with hyper's servers directly (HTTP/1.1, HTTP/2 by ALPN, or either
+//! by a plain connection's first bytes), by the gateway's own front
+//! service (`front.rs`); HTTP/2's bounds are `h2_server.rs`'s.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::task::Poll;
 use std::time::Duration;
 
@@ -30,7 +32,7 @@ use idem_http::BoxError;
 use crate::accept::{Accept, Accepted, Connecting};
 use crate::error::Error;
 use crate::front::{ConnectionService, Front};
-use crate::h2_server::{StreamSlots, http2_bounds};
+use crate::h2_server::{FirstBytes, StreamSlots, http2_bounds};
 use crate::settings::ConnectionLimits;
 use crate::spread::{Placed, Spread, spread};
 
@@ -379,15 +381,23 @@ async fn serve_connection<T>(
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let negotiated_h2 = accepted.alpn_protocol() == Some(b"h2".as_slice());
-    let io = TokioIo::new(accepted.into_inner());
     let h2 = limits.http2;
+    // An HTTP/2 connection with no request open for the idle timeout is
+    // closed (dropped: nothing is in flight on it).
     let ended = if h2.enabled && negotiated_h2 {
+        let io = TokioIo::new(accepted.into_inner());
         let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
         http2_bounds!(builder, limits);
         let slotted = StreamSlots::new(app, h2.max_concurrent_streams);
+        let idle = slotted.idle_for(h2.idle_timeout, Arc::new(AtomicBool::new(true)));
         let conn = builder.serve_connection(io, TowerToHyperService::new(slotted));
-        watcher.watch(conn).await.map_err(BoxError::from)
+        tokio::select! {
+            ended = watcher.watch(conn) => ended.map_err(BoxError::from),
+            () = idle => Ok(()),
+        }
     } else if h2.enabled && !tls {
+        let io = FirstBytes::new(accepted.into_inner(), limits.header_timeout);
+        let speaks_h2 = io.speaks_h2();
         let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
         builder
             .http1()
@@ -395,9 +405,14 @@ async fn serve_connection<T>(
             .header_read_timeout(limits.header_timeout);
         http2_bounds!(builder.http2(), limits);
         let slotted = StreamSlots::new(app, h2.max_concurrent_streams);
-        let conn = builder.serve_connection(io, TowerToHyperService::new(slotted));
-        watcher.watch(conn.into_owned()).await
+        let idle = slotted.idle_for(h2.idle_timeout, speaks_h2);
+        let conn = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(slotted));
+        tokio::select! {
+            ended = watcher.watch(conn.into_owned()) => ended,
+            () = idle => Ok(()),
+        }
     } else {
+        let io = TokioIo::new(accepted.into_inner());
         let mut builder = hyper::server::conn::http1::Builder::new();
         builder
             .timer(TokioTimer::new())

@@ -66,11 +66,14 @@ pub enum UpstreamProtocol {
     #[default]
     Http1,
     /// HTTP/2 over TLS (ALPN `h2` only): one multiplexed connection per
-    /// serving thread. An `http://` upstream gets no connection.
+    /// serving thread. Only for an `https://` upstream
+    /// ([`Gateway::start`](crate::Gateway::start) refuses it with
+    /// `http://`); an upstream that does not pick `h2` gets no request.
     H2,
     /// HTTP/2 in clear text with prior knowledge (h2c, RFC 9113 section
-    /// 3.3): one multiplexed connection per serving thread. An
-    /// `https://` upstream gets no connection.
+    /// 3.3): one multiplexed connection per serving thread. Only for an
+    /// `http://` upstream ([`Gateway::start`](crate::Gateway::start)
+    /// refuses it with `https://`).
     H2c,
     /// For `https://`, whatever the upstream picks by ALPN (`h2`, then
     /// `http/1.1`) on each new connection; for `http://`, HTTP/1.1 (clear
@@ -99,7 +102,23 @@ impl UpstreamSettings {
     /// Refuses a setting outside its bounds.
     pub(crate) fn check(&self) -> Result<(), Error> {
         check_timeout("UpstreamSettings::timeout", self.timeout)?;
-        check_timeout("UpstreamSettings::body_timeout", self.body_timeout)
+        check_timeout("UpstreamSettings::body_timeout", self.body_timeout)?;
+        let https = self.url.scheme_str() == Some("https");
+        let mismatch = match self.protocol {
+            UpstreamProtocol::H2 if !https => Some("h2 is HTTP/2 over TLS: an https:// upstream"),
+            UpstreamProtocol::H2c if https => {
+                Some("h2c is HTTP/2 in clear text: an http:// upstream")
+            }
+            _ => None,
+        };
+        match mismatch {
+            Some(bound) => Err(Error::Setting {
+                setting: "UpstreamSettings::protocol",
+                bound: bound.to_owned(),
+                value: format!("{:?} for {}", self.protocol, without_userinfo(&self.url)),
+            }),
+            None => Ok(()),
+        }
     }
 }
 
@@ -215,6 +234,10 @@ pub struct Http2Limits {
     pub keep_alive_interval: Option<Duration>,
     /// How long a ping may go unanswered (default 10 s).
     pub keep_alive_timeout: Duration,
+    /// How long a connection may have no request open before it is
+    /// closed (default 60 s): an HTTP/2 client answers pings for ever, so
+    /// without this an idle one would hold its connection slot for ever.
+    pub idle_timeout: Duration,
     /// Streams a client may reset before the gateway has taken them up,
     /// past which the connection is closed with `ENHANCE_YOUR_CALM`: the
     /// rapid-reset defence (CVE-2023-44487). Default 20; 1 to 10 000.
@@ -234,6 +257,7 @@ impl Default for Http2Limits {
             connection_window: 2 * 1024 * 1024,
             keep_alive_interval: Some(Duration::from_secs(30)),
             keep_alive_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
             max_pending_resets: 20,
             max_local_error_resets: 1024,
         }
@@ -293,7 +317,8 @@ impl Http2Limits {
         if let Some(interval) = self.keep_alive_interval {
             check_timeout("Http2Limits::keep_alive_interval", interval)?;
         }
-        check_timeout("Http2Limits::keep_alive_timeout", self.keep_alive_timeout)
+        check_timeout("Http2Limits::keep_alive_timeout", self.keep_alive_timeout)?;
+        check_timeout("Http2Limits::idle_timeout", self.idle_timeout)
     }
 }
 

@@ -19,8 +19,9 @@ use crate::tcp::TcpAcceptor;
 /// closes the connection. [`Gateway::tls`](crate::Gateway::tls) installs
 /// one over the gateway's step.
 ///
-/// The gateway serves HTTP/1.1: the configuration's ALPN list is the
-/// caller's, and should not offer `h2`.
+/// The configuration's ALPN list is the caller's: HTTP/2 is served on a
+/// connection that negotiated `h2` (when
+/// [`Http2Limits::enabled`](crate::Http2Limits)), HTTP/1.1 on any other.
 #[derive(Clone)]
 pub struct RustlsAcceptor<A = TcpAcceptor> {
     inner: A,

@@ -275,13 +275,23 @@ async fn raw_call(
     frame: &'static [u8],
     encoding: Option<&str>,
 ) -> (StatusCode, http::HeaderMap, Bytes, Option<http::HeaderMap>) {
+    raw_call_to(addr, PAY, key, frame, encoding).await
+}
+
+async fn raw_call_to(
+    addr: SocketAddr,
+    path: &str,
+    key: &str,
+    frame: &'static [u8],
+    encoding: Option<&str>,
+) -> (StatusCode, http::HeaderMap, Bytes, Option<http::HeaderMap>) {
     let tcp = TcpStream::connect(addr).await.unwrap();
     let (mut sender, conn) =
         hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
             .await
             .unwrap();
     tokio::spawn(conn);
-    let mut req = Request::post(format!("http://{addr}{PAY}"))
+    let mut req = Request::post(format!("http://{addr}{path}"))
         .header("content-type", "application/grpc")
         .header("te", "trailers")
         .header("idempotency-key", key);
@@ -340,4 +350,31 @@ async fn a_compressed_message_is_refused_unexecuted() {
         .await
         .unwrap()
         .unwrap();
+}
+
+/// The gateway's own refusals before the layer (a path an upstream could
+/// resolve elsewhere) are gRPC statuses too.
+#[tokio::test]
+async fn the_gateways_own_refusals_are_grpc_statuses() {
+    let s = setup().await;
+    let (status, headers, body, _) = raw_call_to(
+        s.addr,
+        "/ledger.Ledger/../Pay",
+        "grpc-path-0000000001",
+        b"\0\0\0\0\x01x",
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["grpc-status"], "3");
+    assert!(
+        headers["grpc-message"]
+            .to_str()
+            .unwrap()
+            .starts_with("Invalid path")
+    );
+    assert!(body.is_empty());
+    assert_eq!(s.executed.load(Ordering::SeqCst), 0);
+    s.shutdown.cancel();
+    s.running.wait().await.unwrap();
 }

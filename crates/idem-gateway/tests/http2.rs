@@ -104,16 +104,25 @@ async fn gateway(
     http2: Http2Limits,
     tls: Option<Arc<rustls::ServerConfig>>,
 ) -> Started {
+    let limits = ConnectionLimits {
+        http2,
+        ..ConnectionLimits::default()
+    };
+    gateway_with(upstream, limits, tls).await
+}
+
+async fn gateway_with(
+    upstream: UpstreamSettings,
+    limits: ConnectionLimits,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) -> Started {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let shutdown = CancellationToken::new();
     let mut gateway = Gateway::new(layer(), upstream)
         .threads(1)
         .shutdown_grace(Duration::from_secs(1))
-        .limits(ConnectionLimits {
-            http2,
-            ..ConnectionLimits::default()
-        });
+        .limits(limits);
     if let Some(tls) = tls {
         gateway = gateway.tls(tls);
     }
@@ -644,5 +653,166 @@ async fn trailers_are_passed_on_and_replayed() {
         "0"
     );
     assert_eq!(executed.load(Ordering::SeqCst), 1);
+    g.stop().await;
+}
+
+/// A plain connection that sends nothing is closed after the header
+/// timeout (the choice between HTTP/1.1 and h2c waits for its first
+/// bytes), and an HTTP/2 connection with no request open after the idle
+/// timeout (its client would answer pings for ever): neither holds its
+/// connection slot for ever.
+#[tokio::test]
+async fn silent_and_idle_connections_are_closed() {
+    use tokio::io::AsyncReadExt as _;
+    let up = Counting::default();
+    let url = up.serve().await;
+    let limits = ConnectionLimits {
+        header_timeout: Duration::from_millis(300),
+        http2: Http2Limits {
+            idle_timeout: Duration::from_millis(300),
+            ..Http2Limits::default()
+        },
+        ..ConnectionLimits::default()
+    };
+    let g = gateway_with(UpstreamSettings::new(url.parse().unwrap()), limits, None).await;
+    // Nothing at all, and half of HTTP/2's preface.
+    for sent in [&b""[..], &b"PRI * HTTP/2.0\r\n"[..]] {
+        let mut tcp = TcpStream::connect(g.addr).await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut tcp, sent)
+            .await
+            .unwrap();
+        let mut buf = [0u8; 64];
+        let closed = tokio::time::timeout(Duration::from_secs(10), tcp.read(&mut buf)).await;
+        assert!(
+            matches!(closed, Ok(Ok(0)) | Ok(Err(_))),
+            "still open after sending {sent:?}: {closed:?}"
+        );
+    }
+    // An HTTP/2 connection that served a request, then went quiet.
+    let tcp = TcpStream::connect(g.addr).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .unwrap();
+    let conn = tokio::spawn(conn);
+    let served = exchange(
+        &mut sender,
+        payment(g.addr, "idle-h2c-key-0000001", "1 EUR"),
+    )
+    .await;
+    assert_eq!(served.status, StatusCode::CREATED);
+    let ended = tokio::time::timeout(Duration::from_secs(10), conn).await;
+    assert!(ended.is_ok(), "the idle HTTP/2 connection is still open");
+    g.stop().await;
+}
+
+/// The library refuses an upstream protocol its URL's scheme cannot
+/// carry: h2 (TLS) over http://, h2c (clear text) over https://.
+#[tokio::test]
+async fn a_protocol_the_scheme_cannot_carry_is_refused() {
+    for (url, protocol) in [
+        ("http://127.0.0.1:9", UpstreamProtocol::H2),
+        ("https://127.0.0.1:9", UpstreamProtocol::H2c),
+    ] {
+        let mut upstream = UpstreamSettings::new(url.parse().unwrap());
+        upstream.protocol = protocol;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let started = Gateway::new(layer(), upstream)
+            .threads(1)
+            .start(listener, &CancellationToken::new())
+            .await;
+        let Err(e) = started else {
+            panic!("{protocol:?} over {url} started");
+        };
+        assert!(e.to_string().contains("UpstreamSettings::protocol"), "{e}");
+    }
+}
+
+/// An h2c gRPC upstream for the tests below: `/ledger.Ledger/NoStatus`
+/// answers a message and no grpc-status (a hop dropped its trailers);
+/// anything else answers whether `grpc-timeout` reached it, with status 0.
+async fn grpc_upstream(executed: Arc<AtomicUsize>) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        loop {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let executed = executed.clone();
+            let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                executed.fetch_add(1, Ordering::SeqCst);
+                let timeout = req
+                    .headers()
+                    .get("grpc-timeout")
+                    .map_or("none".to_owned(), |v| v.to_str().unwrap().to_owned());
+                let no_status = req.uri().path() == "/ledger.Ledger/NoStatus";
+                async move {
+                    let mut frames = vec![Ok::<_, Infallible>(http_body::Frame::data(
+                        Bytes::from(format!("timeout:{timeout}")),
+                    ))];
+                    if !no_status {
+                        let mut trailers = http::HeaderMap::new();
+                        trailers.insert("grpc-status", http::HeaderValue::from(0));
+                        frames.push(Ok(http_body::Frame::trailers(trailers)));
+                    }
+                    Ok::<_, Infallible>(
+                        http::Response::builder()
+                            .header("content-type", "application/grpc")
+                            .body(http_body_util::StreamBody::new(futures_util::stream::iter(
+                                frames,
+                            )))
+                            .unwrap(),
+                    )
+                }
+            });
+            tokio::spawn(
+                hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tcp), service),
+            );
+        }
+    });
+    url
+}
+
+fn grpc_call(addr: SocketAddr, method: &str, key: &str) -> Request<Full<Bytes>> {
+    Request::post(format!("http://{addr}/ledger.Ledger/{method}"))
+        .header("idempotency-key", key)
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("grpc-timeout", "1m")
+        .body(Full::new(Bytes::from_static(b"\0\0\0\0\x01z")))
+        .unwrap()
+}
+
+/// A keyed gRPC call runs to its end whatever its client's deadline: its
+/// `grpc-timeout` does not reach the service (which could stop it half
+/// done and answer DEADLINE_EXCEEDED, releasing the key for a second run).
+/// A gRPC answer without a status may be a success whose trailers were
+/// lost on the way: its key is held, not released, so a retry does not run
+/// it again.
+#[tokio::test]
+async fn keyed_grpc_calls_outlive_their_deadline_and_a_lost_status_holds_the_key() {
+    let executed = Arc::new(AtomicUsize::new(0));
+    let url = grpc_upstream(executed.clone()).await;
+    let mut upstream = UpstreamSettings::new(url.parse().unwrap());
+    upstream.protocol = UpstreamProtocol::H2c;
+    let g = gateway(upstream, Http2Limits::default(), None).await;
+    let mut conn = h2c(g.addr).await;
+    let paid = exchange(&mut conn, grpc_call(g.addr, "Pay", "grpc-deadline-000001")).await;
+    assert_eq!(paid.body, "timeout:none");
+    assert_eq!(paid.trailers.unwrap()["grpc-status"], "0");
+
+    let lost = exchange(
+        &mut conn,
+        grpc_call(g.addr, "NoStatus", "grpc-nostatus-000001"),
+    )
+    .await;
+    assert_eq!(lost.headers["grpc-status"], "2", "held: UNKNOWN");
+    let retry = exchange(
+        &mut conn,
+        grpc_call(g.addr, "NoStatus", "grpc-nostatus-000001"),
+    )
+    .await;
+    assert_eq!(retry.headers["grpc-status"], "10", "still held: ABORTED");
+    assert_eq!(executed.load(Ordering::SeqCst), 2);
     g.stop().await;
 }

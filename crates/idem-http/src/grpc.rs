@@ -40,6 +40,9 @@ pub const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 pub const GRPC_STATUS_DETAILS: HeaderName = HeaderName::from_static("grpc-status-details-bin");
 /// The compression of a gRPC message.
 pub const GRPC_ENCODING: HeaderName = HeaderName::from_static("grpc-encoding");
+/// A gRPC call's deadline, as its client sets it; not passed on for a
+/// keyed call, which runs to its end.
+pub const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
 /// The retry hint of gRPC's retry design (gRFC A6): milliseconds.
 pub const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
 
@@ -105,15 +108,22 @@ pub fn is_grpc(headers: &HeaderMap) -> bool {
 }
 
 /// The HTTP status of the same meaning as a gRPC status code: the table
-/// of `google.rpc.Code`. An unknown code reads as `UNKNOWN` (500).
+/// of `google.rpc.Code`, but `ALREADY_EXISTS` (400, kept). An unknown
+/// code reads as `UNKNOWN` (500).
 pub fn http_status_of(grpc_code: u32) -> u16 {
     match grpc_code {
         code::OK => 200,
         code::CANCELLED => 499,
-        code::INVALID_ARGUMENT | code::FAILED_PRECONDITION | code::OUT_OF_RANGE => 400,
+        // ALREADY_EXISTS is a final answer: 400, which the policy keeps,
+        // not google.rpc.Code's 409, which it releases (a 409 is mostly
+        // "in flight").
+        code::INVALID_ARGUMENT
+        | code::FAILED_PRECONDITION
+        | code::OUT_OF_RANGE
+        | code::ALREADY_EXISTS => 400,
         code::DEADLINE_EXCEEDED => 504,
         code::NOT_FOUND => 404,
-        code::ALREADY_EXISTS | code::ABORTED => 409,
+        code::ABORTED => 409,
         code::PERMISSION_DENIED => 403,
         code::UNAUTHENTICATED => 401,
         code::RESOURCE_EXHAUSTED => 429,
@@ -125,23 +135,23 @@ pub fn http_status_of(grpc_code: u32) -> u16 {
 
 /// The status an answer settles its key by: its HTTP status, or for a
 /// gRPC answer with HTTP 200 its `grpc-status` (trailer first, then
-/// header), mapped by [`http_status_of`]. A gRPC answer without a
-/// readable status is a broken one: 500, so the key is released as for
-/// any server error.
+/// header), mapped by [`http_status_of`]. `None` for a gRPC answer
+/// without a readable status: something on its way (an HTTP/1.1 hop) may
+/// have dropped its trailers, so whether the call succeeded is unknown.
 pub(crate) fn settling_status(
     status: StatusCode,
     headers: &HeaderMap,
     trailers: Option<&HeaderMap>,
-) -> u16 {
+) -> Option<u16> {
     if status != StatusCode::OK || !is_grpc(headers) {
-        return status.as_u16();
+        return Some(status.as_u16());
     }
-    let grpc = trailers
+    trailers
         .and_then(|t| t.get(GRPC_STATUS))
         .or_else(|| headers.get(GRPC_STATUS))
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u32>().ok());
-    grpc.map_or(500, http_status_of)
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .map(http_status_of)
 }
 
 /// Whether a gRPC request body holds a compressed message: a frame whose
@@ -187,7 +197,7 @@ pub fn grpc_code_of(kind: &str, status: StatusCode) -> u32 {
         "method-not-allowed" | "unsupported-transfer-coding" | "compressed-message" => {
             code::UNIMPLEMENTED
         }
-        "handler-failed" | "layer-missing" => code::INTERNAL,
+        "handler-failed" | "layer-missing" | "bad-upstream-url" => code::INTERNAL,
         "outcome-unknown" | "outcome-unresolved" | "upstream-failed" | "response-not-stored" => {
             code::UNKNOWN
         }
@@ -339,25 +349,25 @@ mod tests {
         };
         let trailers = |s: &'static str| grpc(&[("grpc-status", s)]);
         let ok = StatusCode::OK;
-        assert_eq!(settling_status(ok, &grpc(&[]), Some(&trailers("0"))), 200);
-        assert_eq!(settling_status(ok, &grpc(&[]), Some(&trailers("14"))), 503);
-        assert_eq!(settling_status(ok, &grpc(&[]), Some(&trailers("3"))), 400);
-        // Trailers-only: the status is a header.
-        assert_eq!(
-            settling_status(ok, &grpc(&[("grpc-status", "6")]), None),
-            409
-        );
-        // No status, or one that does not parse: broken, 500.
-        assert_eq!(settling_status(ok, &grpc(&[]), None), 500);
-        assert_eq!(settling_status(ok, &grpc(&[]), Some(&trailers("x"))), 500);
-        assert_eq!(settling_status(ok, &grpc(&[]), Some(&trailers("99"))), 500);
+        let settle = |h: &HeaderMap, t: Option<&HeaderMap>| settling_status(ok, h, t);
+        assert_eq!(settle(&grpc(&[]), Some(&trailers("0"))), Some(200));
+        assert_eq!(settle(&grpc(&[]), Some(&trailers("14"))), Some(503));
+        assert_eq!(settle(&grpc(&[]), Some(&trailers("3"))), Some(400));
+        assert_eq!(settle(&grpc(&[]), Some(&trailers("10"))), Some(409));
+        // Trailers-only: the status is a header. ALREADY_EXISTS is kept.
+        assert_eq!(settle(&grpc(&[("grpc-status", "6")]), None), Some(400));
+        // An unknown code is UNKNOWN.
+        assert_eq!(settle(&grpc(&[]), Some(&trailers("99"))), Some(500));
+        // No status, or one that does not parse: unknown.
+        assert_eq!(settle(&grpc(&[]), None), None);
+        assert_eq!(settle(&grpc(&[]), Some(&trailers("x"))), None);
         // Not gRPC, or not HTTP 200: the HTTP status.
         let mut plain = HeaderMap::new();
         plain.insert(GRPC_STATUS, HeaderValue::from_static("14"));
-        assert_eq!(settling_status(ok, &plain, None), 200);
+        assert_eq!(settle(&plain, None), Some(200));
         assert_eq!(
             settling_status(StatusCode::BAD_GATEWAY, &grpc(&[]), Some(&trailers("0"))),
-            502
+            Some(502)
         );
     }
 

@@ -76,6 +76,16 @@ struct Effective {
     upstream_idle_timeout: String,
     shutdown_grace: String,
     sweep_interval: String,
+    upstream_protocol: &'static str,
+    http2: bool,
+    h2_max_streams: u32,
+    h2_max_header_list: String,
+    h2_stream_window: String,
+    h2_connection_window: String,
+    h2_keepalive_interval: String,
+    h2_keepalive_timeout: String,
+    h2_idle_timeout: String,
+    h2_max_resets: usize,
     #[serde(rename = "route", skip_serializing_if = "Vec::is_empty")]
     routes: Vec<EffectiveRoute>,
 }
@@ -133,6 +143,21 @@ impl From<&GatewayConfig> for Effective {
             upstream_idle_timeout: duration(cfg.upstream_idle_timeout),
             shutdown_grace: duration(cfg.shutdown_grace),
             sweep_interval: duration(cfg.sweep_interval),
+            upstream_protocol: match cfg.upstream_protocol {
+                idem_gateway::UpstreamProtocol::Http1 => "http1",
+                idem_gateway::UpstreamProtocol::H2 => "h2",
+                idem_gateway::UpstreamProtocol::H2c => "h2c",
+                idem_gateway::UpstreamProtocol::Auto => "auto",
+            },
+            http2: cfg.http2.enabled,
+            h2_max_streams: cfg.http2.max_concurrent_streams,
+            h2_max_header_list: size(cfg.http2.max_header_list_size as usize),
+            h2_stream_window: size(cfg.http2.stream_window as usize),
+            h2_connection_window: size(cfg.http2.connection_window as usize),
+            h2_keepalive_interval: duration(cfg.http2.keep_alive_interval.unwrap_or_default()),
+            h2_keepalive_timeout: duration(cfg.http2.keep_alive_timeout),
+            h2_idle_timeout: duration(cfg.http2.idle_timeout),
+            h2_max_resets: cfg.http2.max_pending_resets,
             routes: cfg
                 .route_settings
                 .iter()

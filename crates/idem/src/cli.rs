@@ -419,6 +419,10 @@ pub(crate) struct ServeArgs {
     /// is closed [default: 10s].
     #[arg(long, env = "IDEM_H2_KEEPALIVE_TIMEOUT")]
     pub(crate) h2_keepalive_timeout: Option<String>,
+    /// How long an HTTP/2 connection may have no request open before it
+    /// is closed [default: 60s].
+    #[arg(long, env = "IDEM_H2_IDLE_TIMEOUT")]
+    pub(crate) h2_idle_timeout: Option<String>,
     /// HTTP/2 streams a client may reset before the gateway takes them
     /// up, past which its connection is closed: the rapid-reset defence
     /// [default: 20].

@@ -306,6 +306,47 @@ fn every_problem_the_code_emits_is_in_the_document() {
     assert_eq!(enumerated.len(), emitted.len());
 }
 
+/// `x-idem-grpc` gives every problem kind the gRPC status the layer
+/// answers a gRPC call with (`idem_http::grpc::grpc_code_of`).
+#[test]
+fn every_problem_has_the_grpc_status_the_code_gives_it() {
+    let doc: Value = serde_json::from_str(&repository_document()).unwrap();
+    let statuses: BTreeMap<&str, u16> = doc["x-idem-problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let status = p["status"].as_u64().map_or(500, |s| s as u16);
+            (p["type"].as_str().unwrap(), status)
+        })
+        .collect();
+    let grpc: BTreeMap<&str, u64> = doc["x-idem-grpc"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["type"].as_str().unwrap(),
+                p["grpc-status"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        statuses.keys().collect::<Vec<_>>(),
+        grpc.keys().collect::<Vec<_>>(),
+        "x-idem-grpc names every problem, and only those"
+    );
+    for (urn, code) in grpc {
+        let kind = urn.strip_prefix("urn:idem:problem:").unwrap();
+        let status = http::StatusCode::from_u16(statuses[urn]).unwrap();
+        assert_eq!(
+            u64::from(idem_http::grpc::grpc_code_of(kind, status)),
+            code,
+            "{urn}"
+        );
+    }
+}
+
 #[test]
 fn the_document_describes_the_headers_and_the_read_path() {
     let doc: Value = serde_json::from_str(&repository_document()).unwrap();

@@ -25,6 +25,13 @@ use tower::ServiceExt as _;
 use super::{CONNECT_TOO_SLOW, Pool, SendError};
 use crate::settings::UpstreamProtocol;
 
+/// How often the upstream connection is pinged.
+const KEEP_ALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(20);
+/// How long a ping may go unanswered before the connection is dropped.
+const KEEP_ALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// The upstream connection's receive window.
+const CONNECTION_WINDOW: u32 = 16 * 1024 * 1024;
+
 /// What sends on the HTTP/2 connection (cheap to clone).
 pub(super) type SendRequest2 = http2::SendRequest<Body>;
 
@@ -90,7 +97,15 @@ impl Pool {
                         request = unsent;
                     }
                     Some(_) => return Err(SendError::NotSent(e.into_error().into())),
-                    None => return Err(SendError::Failed(e.into_error())),
+                    None => {
+                        let error = e.into_error();
+                        // A refused stream was not processed (RFC 9113
+                        // section 8.7): as good as not sent.
+                        if refused(&error) {
+                            return Err(SendError::NotSent(error.into()));
+                        }
+                        return Err(SendError::Failed(error));
+                    }
                 },
             }
         }
@@ -113,14 +128,26 @@ impl Pool {
                 .oneshot(self.origin.clone())
                 .await
                 .map_err(SendError::NotSent)?;
-            if self.protocol == UpstreamProtocol::Auto && !io.connected().is_negotiated_h2() {
-                // The upstream no longer picks HTTP/2: HTTP/1.1 for the
-                // requests after this one.
-                self.negotiated
-                    .store(Negotiated::Unknown as u8, Ordering::Relaxed);
-                return Err(SendError::NotSent(
-                    "the upstream picked HTTP/1.1 on a new connection".into(),
-                ));
+            let picked_h2 = io.connected().is_negotiated_h2();
+            match self.protocol {
+                UpstreamProtocol::Auto if !picked_h2 => {
+                    // The upstream no longer picks HTTP/2: HTTP/1.1 for
+                    // the requests after this one.
+                    self.negotiated
+                        .store(Negotiated::Unknown as u8, Ordering::Relaxed);
+                    return Err(SendError::NotSent(
+                        "the upstream picked HTTP/1.1 on a new connection".into(),
+                    ));
+                }
+                // Over TLS, `h2` means the upstream agreed to HTTP/2: an
+                // HTTP/2 preface sent to an HTTP/1.1 server is a request
+                // of unknown outcome.
+                UpstreamProtocol::H2 if !picked_h2 => {
+                    return Err(SendError::NotSent(
+                        "the upstream did not pick h2 by ALPN".into(),
+                    ));
+                }
+                _ => {}
             }
             handshake(io).await
         };
@@ -162,11 +189,32 @@ impl Pool {
     }
 }
 
+/// Whether `error` is a stream the upstream refused (`REFUSED_STREAM`).
+fn refused(error: &hyper::Error) -> bool {
+    let mut cause = std::error::Error::source(error);
+    while let Some(c) = cause {
+        if let Some(h2) = c.downcast_ref::<::h2::Error>() {
+            return h2.reason() == Some(::h2::Reason::REFUSED_STREAM);
+        }
+        cause = c.source();
+    }
+    false
+}
+
 /// The HTTP/2 handshake over `io`, its connection's task spawned on the
-/// thread's runtime.
+/// thread's runtime. The connection is pinged while idle too, so a
+/// half-open one (an upstream that went away without a word) is found
+/// and replaced instead of taking every request until their timeouts;
+/// its window is large, so that a few slow readers among the clients do
+/// not hold every stream's answer back.
 async fn handshake(io: Io) -> Result<SendRequest2, SendError> {
     let mut builder = http2::Builder::new(TokioExecutor::new());
-    builder.timer(TokioTimer::new());
+    builder
+        .timer(TokioTimer::new())
+        .keep_alive_interval(KEEP_ALIVE_INTERVAL)
+        .keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
+        .keep_alive_while_idle(true)
+        .initial_connection_window_size(CONNECTION_WINDOW);
     let (sender, connection) = builder
         .handshake(io)
         .await

@@ -142,6 +142,22 @@ pub(super) async fn execute<E>(
         }
     };
 
+    // A gRPC answer settles by its grpc-status, an HTTP one by its status.
+    let settling = grpc::settling_status(parts.status, &parts.headers, trailers.as_ref());
+    if settling.is_none() && !ctx.is_completed() {
+        // A gRPC answer that ended without a status: something on the way
+        // (an HTTP/1.1 hop) may have dropped its trailers, so the call may
+        // well have succeeded. Its outcome is unknown, as for a failed body.
+        return if shared.settings.hold_unknown_outcomes {
+            tracing::error!(key = %id.key.log_id(), "gRPC answer without a status; the claim is held until its lease ends");
+            let held = hold(&shared, &id, lease, token, Rejection::OutcomeUnknown);
+            (Outcome::Held, Ok(held))
+        } else {
+            tracing::error!(key = %id.key.log_id(), "gRPC answer without a status; claim released");
+            let abandoned = abandon(&shared, &id, claim, token, Rejection::HandlerFailed).await;
+            (claim.released(), Ok(abandoned))
+        };
+    }
     let outcome = if ctx.is_completed() {
         Outcome::Executed
     } else {
@@ -154,9 +170,7 @@ pub(super) async fn execute<E>(
                 &rule.extra_headers,
             )
         };
-        // A gRPC answer settles by its grpc-status, an HTTP one by its status.
-        let settling = grpc::settling_status(parts.status, &parts.headers, trailers.as_ref());
-        match rule.policy.disposition(settling) {
+        match rule.policy.disposition(settling.unwrap_or_default()) {
             // The lease is renewed while the completion is retried too.
             Disposition::Complete => {
                 let c = with_resource(Completion::completed(stored()), &ctx);

@@ -113,6 +113,13 @@ where
     if announced && let Ok(key) = HeaderValue::from_str(id.key.as_str()) {
         parts.headers.insert(IDEM_TAKEOVER, key);
     }
+    // A keyed gRPC call runs to its end whatever its client's deadline
+    // (as any keyed request outlives its client): a service that enforced
+    // `grpc-timeout` could stop it half done and answer DEADLINE_EXCEEDED,
+    // which releases the key for a second run.
+    if crate::grpc::is_grpc(&parts.headers) {
+        parts.headers.remove(crate::grpc::GRPC_TIMEOUT);
+    }
     let ctx = IdempotencyContext::new(id.clone(), lease.fence, lease.expires_at, announced);
     let mut request = Request::from_parts(parts, full(bytes));
     request.extensions_mut().insert(ctx.clone());

@@ -49,6 +49,7 @@ pub(crate) struct FileConfig {
     pub(super) h2_connection_window: Option<String>,
     pub(super) h2_keepalive_interval: Option<String>,
     pub(super) h2_keepalive_timeout: Option<String>,
+    pub(super) h2_idle_timeout: Option<String>,
     pub(super) h2_max_resets: Option<usize>,
     #[serde(default, rename = "route")]
     pub(super) routes: Vec<FileRoute>,

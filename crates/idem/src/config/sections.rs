@@ -549,6 +549,13 @@ pub(super) fn http2(s: &Sources<'_>, p: &mut Problems) -> Option<Http2Limits> {
         Duration::from_millis(100),
         Duration::from_secs(3600),
     ));
+    let idle = p.check(bounded_duration(
+        pick(&args.h2_idle_timeout, &file.h2_idle_timeout).as_ref(),
+        "h2-idle-timeout",
+        d.idle_timeout,
+        Duration::from_millis(100),
+        Duration::from_secs(86_400),
+    ));
     if let (Some(s), Some(c)) = (stream_window, connection_window)
         && c < s
     {
@@ -563,6 +570,7 @@ pub(super) fn http2(s: &Sources<'_>, p: &mut Problems) -> Option<Http2Limits> {
         connection_window: connection_window?,
         keep_alive_interval: interval.filter(|i| !i.is_zero()),
         keep_alive_timeout: timeout?,
+        idle_timeout: idle?,
         max_pending_resets: resets?,
         ..d
     })

@@ -63,3 +63,66 @@ proptest! {
         check(&text);
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(cases()))]
+
+    /// The HTTP/2 settings, any values: an error or a config.
+    #[test]
+    fn any_http2_settings_are_an_error_or_a_config(
+        protocol in prop::sample::select(vec!["http1", "h2", "h2c", "auto", "h3", ""]),
+        scheme in prop::sample::select(vec!["http", "https"]),
+        streams in any::<u32>(),
+        window in (any::<u32>(), prop::sample::select(vec!["", "KiB", "MiB", "GiB"])),
+        keepalive in duration_text(),
+        idle in duration_text(),
+        http2 in any::<bool>(),
+    ) {
+        let text = format!(
+            "upstream = \"{scheme}://127.0.0.1:1\"\nupstream_protocol = {protocol:?}\nhttp2 = {http2}\n\
+             h2_max_streams = {streams}\nh2_stream_window = \"{}{}\"\nh2_connection_window = \"{}{}\"\n\
+             h2_keepalive_interval = {keepalive:?}\nh2_idle_timeout = {idle:?}\n",
+            window.0, window.1, window.0, window.1
+        );
+        check(&text);
+    }
+}
+
+/// Each HTTP/2 setting is checked against its bounds and against the
+/// others, with a message that names it.
+#[test]
+fn http2_settings_are_checked() {
+    let refused = |text: &str, names: &str| {
+        let file = FileConfig::parse(text).unwrap();
+        let err = GatewayConfig::from_file(&ServeArgs::default(), &file).unwrap_err();
+        assert!(err.to_string().contains(names), "{text}: {err}");
+    };
+    let up = "upstream = \"http://127.0.0.1:1\"\n";
+    refused(
+        &format!("{up}upstream_protocol = \"h3\""),
+        "--upstream-protocol",
+    );
+    refused(&format!("{up}upstream_protocol = \"h2\""), "use h2c");
+    refused(
+        "upstream = \"https://127.0.0.1:1\"\nupstream_protocol = \"h2c\"",
+        "use h2",
+    );
+    refused(&format!("{up}h2_max_streams = 0"), "h2-max-streams");
+    refused(
+        &format!("{up}h2_max_header_list = \"100\""),
+        "h2-max-header-list",
+    );
+    refused(
+        &format!("{up}h2_stream_window = \"4MiB\"\nh2_connection_window = \"1MiB\""),
+        "--h2-connection-window must be at least --h2-stream-window",
+    );
+    let file = FileConfig::parse(&format!(
+        "{up}upstream_protocol = \"h2c\"\nhttp2 = false\nh2_keepalive_interval = \"0s\""
+    ))
+    .unwrap();
+    let cfg = GatewayConfig::from_file(&ServeArgs::default(), &file).unwrap();
+    assert_eq!(cfg.upstream_protocol, idem_gateway::UpstreamProtocol::H2c);
+    assert!(!cfg.http2.enabled);
+    assert_eq!(cfg.http2.keep_alive_interval, None);
+    assert_eq!(cfg.http2.max_concurrent_streams, 100);
+}
