@@ -1,6 +1,7 @@
 //! HTTP/2 on client connections: the bounds every connection is served
-//! with ([`http2_bounds`]), and the bound on what its streams may leave
-//! running ([`StreamSlots`]).
+//! with ([`http2_bounds`]), the bound on what its streams may leave
+//! running and on how long it may sit idle ([`StreamSlots`]), and how a
+//! plain connection is found to speak h2c ([`sniff_h2c`]).
 //!
 //! hyper and h2 bound a connection's open streams, its header lists and
 //! its windows, and close a connection whose client resets more streams
@@ -12,14 +13,17 @@
 //! than one stream open. [`StreamSlots`] counts those: a request on an
 //! HTTP/2 connection takes one of the connection's slots (as many as it
 //! may have streams) before it reaches the layer, and the slot travels
-//! with the request into its execution ([`ExecutionSlot`]) and is given
-//! back only when the execution's answer is done with. A stream reset
-//! while it waits for a slot costs nothing more.
+//! with the request into its execution ([`ExecutionSlot`]): the proxy
+//! moves it onto the upstream's answer, and it is given back when the
+//! layer has settled the record and the answer's head is sent (or, for a
+//! reset stream, when the execution ends). An upstream exchange that
+//! failed gives it back then. A stream reset while it waits for a slot
+//! costs nothing more.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -81,21 +85,14 @@ impl<S> StreamSlots<S> {
     /// (checked a few times within it): the connection is then closed.
     /// No stream is open, so nothing is cut; a request the client sends
     /// meanwhile was never taken up, and may be sent again.
-    /// `speaks_h2` says whether the connection turned out to be an HTTP/2
-    /// one: an HTTP/1.1 connection's requests are not counted (its header
-    /// timeout closes it when idle), so it is never closed here.
-    pub(crate) fn idle_for(
-        &self,
-        idle: Duration,
-        speaks_h2: Arc<AtomicBool>,
-    ) -> impl Future<Output = ()> + use<S> {
+    pub(crate) fn idle_for(&self, idle: Duration) -> impl Future<Output = ()> + use<S> {
         let open = self.open.clone();
         async move {
             let tick = (idle / 4).max(Duration::from_millis(10));
             let mut quiet = Duration::ZERO;
             loop {
                 tokio::time::sleep(tick).await;
-                if speaks_h2.load(Ordering::Relaxed) && open.load(Ordering::Relaxed) == 0 {
+                if open.load(Ordering::Relaxed) == 0 {
                     quiet += tick;
                     if quiet >= idle {
                         return;
@@ -186,72 +183,73 @@ where
     }
 }
 
-/// A plain connection's I/O while hyper reads its first bytes to choose
-/// HTTP/1.1 or HTTP/2 (h2c): those bytes must come within the header
-/// timeout, as an HTTP/1.1 request's headers must (the choice itself has
-/// no clock), and whether they are HTTP/2's preface is noted for the idle
-/// bound ([`StreamSlots::idle_for`]). After the first bytes it is the
-/// I/O it wraps.
-pub(crate) struct FirstBytes<T> {
-    inner: T,
-    /// Until the first bytes came.
-    deadline: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
-    /// Set when they are HTTP/2's connection preface.
-    speaks_h2: Arc<AtomicBool>,
-}
+/// HTTP/2's connection preface (RFC 9113 section 3.4).
+const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-/// How HTTP/2's connection preface begins (RFC 9113 section 3.4).
-const PREFACE_START: &[u8] = b"PRI ";
-
-impl<T> FirstBytes<T> {
-    /// `inner`, whose first bytes must come within `within`.
-    pub(crate) fn new(inner: T, within: Duration) -> FirstBytes<T> {
-        FirstBytes {
-            inner,
-            deadline: Some(Box::pin(tokio::time::sleep(within))),
-            speaks_h2: Arc::new(AtomicBool::new(false)),
+/// Reads a plain connection's first bytes, within `within` (as an
+/// HTTP/1.1 request's headers must come within the header timeout), until
+/// they either are HTTP/2's preface (h2c with prior knowledge: `true`) or
+/// differ from it (`false`). What was read comes back with the I/O, to be
+/// read again by the server chosen ([`Prefixed`]). An error for a
+/// connection that sent nothing in time (or failed).
+pub(crate) async fn sniff_h2c<T: AsyncRead + Unpin>(
+    mut io: T,
+    within: Duration,
+) -> std::io::Result<(bool, Prefixed<T>)> {
+    use tokio::io::AsyncReadExt as _;
+    let mut got = Vec::with_capacity(PREFACE.len());
+    let read = async {
+        loop {
+            let mut buf = [0u8; PREFACE.len()];
+            let n = io.read(&mut buf[..PREFACE.len() - got.len()]).await?;
+            got.extend_from_slice(&buf[..n]);
+            if n == 0 || got[..] != PREFACE[..got.len()] {
+                return Ok::<_, std::io::Error>(false);
+            }
+            if got.len() == PREFACE.len() {
+                return Ok(true);
+            }
         }
-    }
-
-    /// Set once the connection turned out to speak HTTP/2.
-    pub(crate) fn speaks_h2(&self) -> Arc<AtomicBool> {
-        self.speaks_h2.clone()
-    }
+    };
+    let h2 = tokio::time::timeout(within, read).await.map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "no request within the header timeout",
+        )
+    })??;
+    Ok((
+        h2,
+        Prefixed {
+            prefix: bytes::Bytes::from(got),
+            inner: io,
+        },
+    ))
 }
 
-impl<T: AsyncRead + Unpin> AsyncRead for FirstBytes<T> {
+/// A connection's I/O with the bytes [`sniff_h2c`] read put back in
+/// front: read first, then the I/O itself.
+pub(crate) struct Prefixed<T> {
+    prefix: bytes::Bytes,
+    inner: T,
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Prefixed<T> {
     fn poll_read(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let polled = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
-        let Some(deadline) = self.deadline.as_mut() else {
-            return polled;
-        };
-        match polled {
-            Poll::Ready(Ok(())) => {
-                let first = &buf.filled()[before..];
-                let n = first.len().min(PREFACE_START.len());
-                if n > 0 && first[..n] == PREFACE_START[..n] {
-                    self.speaks_h2.store(true, Ordering::Relaxed);
-                }
-                self.deadline = None;
-                Poll::Ready(Ok(()))
-            }
-            Poll::Pending if deadline.as_mut().poll(cx).is_ready() => {
-                Poll::Ready(Err(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "no request within the header timeout",
-                )))
-            }
-            other => other,
+        if !self.prefix.is_empty() {
+            let n = self.prefix.len().min(buf.remaining());
+            let head = self.prefix.split_to(n);
+            buf.put_slice(&head);
+            return Poll::Ready(Ok(()));
         }
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
     }
 }
 
-impl<T: AsyncWrite + Unpin> AsyncWrite for FirstBytes<T> {
+impl<T: AsyncWrite + Unpin> AsyncWrite for Prefixed<T> {
     fn poll_write(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut Context<'_>,

@@ -12,7 +12,6 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::task::Poll;
 use std::time::Duration;
 
@@ -32,7 +31,7 @@ use idem_http::BoxError;
 use crate::accept::{Accept, Accepted, Connecting};
 use crate::error::Error;
 use crate::front::{ConnectionService, Front};
-use crate::h2_server::{FirstBytes, StreamSlots, http2_bounds};
+use crate::h2_server::{StreamSlots, http2_bounds, sniff_h2c};
 use crate::settings::ConnectionLimits;
 use crate::spread::{Placed, Spread, spread};
 
@@ -367,10 +366,11 @@ async fn set_up<A: Accept>(
 
 /// Serves one connection, as its [`Accept`] step set it up: HTTP/2 when
 /// TLS negotiated `h2`, HTTP/2 or HTTP/1.1 by the client's first bytes on
-/// a plain connection (h2c with prior knowledge), HTTP/1.1 otherwise, or
-/// always when HTTP/2 is off. HTTP/1.1 has the header bound; HTTP/2 the
-/// bounds of [`Http2Limits`](crate::Http2Limits), and a bound on the
-/// executions its streams may have running ([`StreamSlots`]).
+/// a plain connection (h2c with prior knowledge; those bytes must come
+/// within the header timeout), HTTP/1.1 otherwise, or always when HTTP/2
+/// is off. HTTP/1.1 has the header bound; HTTP/2 the bounds of
+/// [`Http2Limits`](crate::Http2Limits), a bound on the executions its
+/// streams may have running ([`StreamSlots`]), and the idle timeout.
 async fn serve_connection<T>(
     accepted: Accepted<T>,
     tls: bool,
@@ -380,47 +380,60 @@ async fn serve_connection<T>(
 ) where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let negotiated_h2 = accepted.alpn_protocol() == Some(b"h2".as_slice());
     let h2 = limits.http2;
-    // An HTTP/2 connection with no request open for the idle timeout is
-    // closed (dropped: nothing is in flight on it).
-    let ended = if h2.enabled && negotiated_h2 {
-        let io = TokioIo::new(accepted.into_inner());
-        let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-        http2_bounds!(builder, limits);
-        let slotted = StreamSlots::new(app, h2.max_concurrent_streams);
-        let idle = slotted.idle_for(h2.idle_timeout, Arc::new(AtomicBool::new(true)));
-        let conn = builder.serve_connection(io, TowerToHyperService::new(slotted));
-        tokio::select! {
-            ended = watcher.watch(conn) => ended.map_err(BoxError::from),
-            () = idle => Ok(()),
+    let negotiated_h2 = accepted.alpn_protocol() == Some(b"h2".as_slice());
+    let ended = match (h2.enabled, tls) {
+        (true, true) if negotiated_h2 => {
+            serve_h2(accepted.into_inner(), app, &limits, watcher).await
         }
-    } else if h2.enabled && !tls {
-        let io = FirstBytes::new(accepted.into_inner(), limits.header_timeout);
-        let speaks_h2 = io.speaks_h2();
-        let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-        builder
-            .http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(limits.header_timeout);
-        http2_bounds!(builder.http2(), limits);
-        let slotted = StreamSlots::new(app, h2.max_concurrent_streams);
-        let idle = slotted.idle_for(h2.idle_timeout, speaks_h2);
-        let conn = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(slotted));
-        tokio::select! {
-            ended = watcher.watch(conn.into_owned()) => ended,
-            () = idle => Ok(()),
-        }
-    } else {
-        let io = TokioIo::new(accepted.into_inner());
-        let mut builder = hyper::server::conn::http1::Builder::new();
-        builder
-            .timer(TokioTimer::new())
-            .header_read_timeout(limits.header_timeout);
-        let conn = builder.serve_connection(io, TowerToHyperService::new(app));
-        watcher.watch(conn).await.map_err(BoxError::from)
+        (true, false) => match sniff_h2c(accepted.into_inner(), limits.header_timeout).await {
+            Ok((true, io)) => serve_h2(io, app, &limits, watcher).await,
+            Ok((false, io)) => serve_h1(io, app, &limits, watcher).await,
+            Err(e) => Err(e.into()),
+        },
+        _ => serve_h1(accepted.into_inner(), app, &limits, watcher).await,
     };
     if let Err(e) = ended {
         tracing::debug!(error = %e, "connection ended with an error");
+    }
+}
+
+/// HTTP/1.1 on `io`, with the header bound.
+async fn serve_h1<T>(
+    io: T,
+    app: ConnectionService,
+    limits: &ConnectionLimits,
+    watcher: Watcher,
+) -> Result<(), BoxError>
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout);
+    let conn = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(app));
+    watcher.watch(conn).await.map_err(BoxError::from)
+}
+
+/// HTTP/2 on `io`, with its bounds; closed (dropped: nothing is in
+/// flight on it) once it has had no request open for the idle timeout.
+async fn serve_h2<T>(
+    io: T,
+    app: ConnectionService,
+    limits: &ConnectionLimits,
+    watcher: Watcher,
+) -> Result<(), BoxError>
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    http2_bounds!(builder, limits);
+    let slotted = StreamSlots::new(app, limits.http2.max_concurrent_streams);
+    let idle = slotted.idle_for(limits.http2.idle_timeout);
+    let conn = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(slotted));
+    tokio::select! {
+        ended = watcher.watch(conn) => ended.map_err(BoxError::from),
+        () = idle => Ok(()),
     }
 }

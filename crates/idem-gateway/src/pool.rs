@@ -57,7 +57,6 @@ use idem_http::{Body, BoxError, boxed};
 use tokio::task::AbortHandle;
 
 use crate::settings::UpstreamProtocol;
-use h2::{Negotiated, SendRequest2};
 use tokio::time::Instant;
 use tower::ServiceExt as _;
 
@@ -78,6 +77,21 @@ pub(crate) const CLOSE_REASONS: [&str; 4] = [
     "refused_with_body",
     "bodiless_answer",
 ];
+
+/// What sends on the thread's HTTP/2 connection (cheap to clone;
+/// `pool/h2.rs`).
+type SendRequest2 = hyper::client::conn::http2::SendRequest<Body>;
+
+/// With `auto`, what the upstream picked by ALPN, as the pool has seen it
+/// on its last new connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Negotiated {
+    /// No connection made yet, or `http/1.1`: HTTP/1.1's pool.
+    Unknown = 0,
+    /// `h2`: the multiplexed connection.
+    H2 = 1,
+}
 
 /// Why a request got no answer.
 #[derive(Debug)]

@@ -25,8 +25,7 @@ use idem_gateway::{
 };
 use idem_http::IdempotencyLayer;
 use idem_testkit::tls::TestCa;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
@@ -236,37 +235,11 @@ async fn until(what: &str, done: impl Fn() -> bool) {
 }
 
 fn tls_config(ca: &TestCa) -> Arc<rustls::ServerConfig> {
-    let issued = ca.issue(&["localhost"]);
-    let certs = CertificateDer::pem_slice_iter(issued.cert_pem.as_bytes())
-        .collect::<Result<Vec<_>, _>>()
-        .unwrap();
-    let key = PrivateKeyDer::from_pem_slice(issued.key_pem.as_bytes()).unwrap();
-    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_no_client_auth()
-    .with_single_cert(certs, key)
-    .unwrap();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Arc::new(config)
+    Arc::new(ca.server_config(&["localhost"], &[b"http/1.1"]))
 }
 
 fn connector(ca: &TestCa) -> tokio_rustls::TlsConnector {
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(ca.cert_pem().as_bytes()) {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    tokio_rustls::TlsConnector::from(Arc::new(config))
+    tokio_rustls::TlsConnector::from(Arc::new(ca.client_config(&[b"http/1.1"])))
 }
 
 /// Eight connections open at once, spread over both serving threads: the

@@ -25,8 +25,7 @@ use idem_gateway::{
 };
 use idem_http::{IdempotencyLayer, KeyRequirement};
 use idem_testkit::tls::TestCa;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::ServerName;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -436,37 +435,11 @@ async fn a_huge_header_list_is_refused() {
 }
 
 fn server_tls(ca: &TestCa, alpn: &[&[u8]]) -> Arc<rustls::ServerConfig> {
-    let issued = ca.issue(&["localhost"]);
-    let certs = CertificateDer::pem_slice_iter(issued.cert_pem.as_bytes())
-        .collect::<Result<Vec<_>, _>>()
-        .unwrap();
-    let key = PrivateKeyDer::from_pem_slice(issued.key_pem.as_bytes()).unwrap();
-    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_no_client_auth()
-    .with_single_cert(certs, key)
-    .unwrap();
-    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-    Arc::new(config)
+    Arc::new(ca.server_config(&["localhost"], alpn))
 }
 
 fn client_tls(ca: &TestCa, alpn: &[&[u8]]) -> rustls::ClientConfig {
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(ca.cert_pem().as_bytes()) {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-    config
+    ca.client_config(alpn)
 }
 
 /// An HTTP/2 upstream over TLS (h2 by ALPN) that counts its executions.

@@ -63,6 +63,58 @@ impl TestCa {
     }
 }
 
+impl TestCa {
+    /// A rustls server configuration (ring) with a certificate this CA
+    /// issued for `names`, offering `alpn` (in order).
+    ///
+    /// # Panics
+    /// If rustls refuses the certificate (a test set-up failure).
+    pub fn server_config(&self, names: &[&str], alpn: &[&[u8]]) -> rustls::ServerConfig {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let issued = self.issue(names);
+        let certs = CertificateDer::pem_slice_iter(issued.cert_pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .expect("the issued certificate");
+        let key = PrivateKeyDer::from_pem_slice(issued.key_pem.as_bytes()).expect("its key");
+        let mut config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("ring's protocol versions")
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .expect("a server configuration");
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        config
+    }
+
+    /// A rustls client configuration (ring) that trusts this CA alone,
+    /// offering `alpn` (in order).
+    ///
+    /// # Panics
+    /// If rustls refuses the CA's certificate (a test set-up failure).
+    pub fn client_config(&self, alpn: &[&[u8]]) -> rustls::ClientConfig {
+        use rustls::pki_types::CertificateDer;
+        use rustls::pki_types::pem::PemObject;
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(self.cert_pem().as_bytes()) {
+            roots
+                .add(cert.expect("the CA certificate"))
+                .expect("a root");
+        }
+        let mut config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("ring's protocol versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        config
+    }
+}
+
 /// Writes `contents` to `dir/name` and returns the path.
 ///
 /// # Panics

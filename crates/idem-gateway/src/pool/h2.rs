@@ -22,7 +22,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tower::ServiceExt as _;
 
-use super::{CONNECT_TOO_SLOW, Pool, SendError};
+use super::{CONNECT_TOO_SLOW, Negotiated, Pool, SendError, SendRequest2};
 use crate::settings::UpstreamProtocol;
 
 /// How often the upstream connection is pinged.
@@ -32,22 +32,8 @@ const KEEP_ALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1
 /// The upstream connection's receive window.
 const CONNECTION_WINDOW: u32 = 16 * 1024 * 1024;
 
-/// What sends on the HTTP/2 connection (cheap to clone).
-pub(super) type SendRequest2 = http2::SendRequest<Body>;
-
 /// The I/O the connector gives.
 type Io = MaybeHttpsStream<TokioIo<TcpStream>>;
-
-/// With `auto`, what the upstream picked by ALPN, as the pool has seen it
-/// on its last new connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub(super) enum Negotiated {
-    /// No connection made yet, or `http/1.1`: HTTP/1.1's pool.
-    Unknown = 0,
-    /// `h2`: the multiplexed connection.
-    H2 = 1,
-}
 
 impl Pool {
     /// Whether requests go over HTTP/2 now.
