@@ -23,7 +23,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -68,7 +68,7 @@ pub(crate) struct StreamSlots<S> {
     inner: S,
     slots: Arc<Semaphore>,
     /// The connection's HTTP/2 requests whose answer is not sent yet.
-    open: Arc<AtomicUsize>,
+    activity: Arc<Activity>,
 }
 
 impl<S> StreamSlots<S> {
@@ -77,48 +77,77 @@ impl<S> StreamSlots<S> {
         StreamSlots {
             inner,
             slots: Arc::new(Semaphore::new(slots as usize)),
-            open: Arc::new(AtomicUsize::new(0)),
+            activity: Arc::new(Activity::default()),
         }
     }
 
-    /// Resolves once the connection has had no request open for `idle`
-    /// (checked a few times within it): the connection is then closed.
-    /// No stream is open, so nothing is cut; a request the client sends
-    /// meanwhile was never taken up, and may be sent again.
+    /// Resolves once the connection has had no request open, and none
+    /// begun or ended, for `idle` (checked a few times within it): the
+    /// caller then closes it gracefully (GOAWAY), so a request already on
+    /// its way is still served or told it was not taken up.
     pub(crate) fn idle_for(&self, idle: Duration) -> impl Future<Output = ()> + use<S> {
-        let open = self.open.clone();
+        let activity = self.activity.clone();
         async move {
             let tick = (idle / 4).max(Duration::from_millis(10));
-            let mut quiet = Duration::ZERO;
             loop {
                 tokio::time::sleep(tick).await;
-                if open.load(Ordering::Relaxed) == 0 {
-                    quiet += tick;
-                    if quiet >= idle {
-                        return;
-                    }
-                } else {
-                    quiet = Duration::ZERO;
+                if activity.quiet_for() >= Some(idle) {
+                    return;
                 }
             }
         }
     }
 }
 
+/// A connection's HTTP/2 requests: how many are open, and when one last
+/// began or ended.
+#[derive(Default)]
+struct Activity {
+    open: AtomicUsize,
+    /// Milliseconds since `since` at the last beginning or end.
+    last_ms: AtomicU64,
+    since: std::sync::OnceLock<tokio::time::Instant>,
+}
+
+impl Activity {
+    fn now_ms(&self) -> u64 {
+        let since = *self.since.get_or_init(tokio::time::Instant::now);
+        u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn touch(&self) {
+        self.last_ms.store(self.now_ms(), Ordering::Relaxed);
+    }
+
+    /// How long nothing has been open or begun or ended; `None` while a
+    /// request is open.
+    fn quiet_for(&self) -> Option<Duration> {
+        if self.open.load(Ordering::Relaxed) > 0 {
+            return None;
+        }
+        let quiet = self
+            .now_ms()
+            .saturating_sub(self.last_ms.load(Ordering::Relaxed));
+        Some(Duration::from_millis(quiet))
+    }
+}
+
 /// One open HTTP/2 request of a connection, counted from its call until
 /// its answer's body is done with (or the call dropped: a reset).
-struct OpenStream(Arc<AtomicUsize>);
+struct OpenStream(Arc<Activity>);
 
 impl OpenStream {
-    fn new(open: &Arc<AtomicUsize>) -> OpenStream {
-        open.fetch_add(1, Ordering::Relaxed);
-        OpenStream(open.clone())
+    fn new(activity: &Arc<Activity>) -> OpenStream {
+        activity.open.fetch_add(1, Ordering::Relaxed);
+        activity.touch();
+        OpenStream(activity.clone())
     }
 }
 
 impl Drop for OpenStream {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.0.touch();
+        self.0.open.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -168,7 +197,7 @@ where
         }
         let inner = self.inner.clone();
         let slots = self.slots.clone();
-        let open = OpenStream::new(&self.open);
+        let open = OpenStream::new(&self.activity);
         Either::Right(Box::pin(async move {
             // Never closed: the semaphore lives as long as this service.
             if let Ok(slot) = slots.acquire_owned().await {

@@ -300,7 +300,7 @@ async fn accept<A: Accept>(
         let serve = async move {
             let conn = Connecting::new(peer, limits);
             if let Some(accepted) = set_up(&*acceptor, stream, &conn, &shutdown).await {
-                serve_connection(accepted, tls, app, limits, watcher).await;
+                serve_connection(accepted, tls, app, limits, watcher, &shutdown).await;
             }
         };
         connections.spawn(async move {
@@ -377,6 +377,7 @@ async fn serve_connection<T>(
     app: ConnectionService,
     limits: ConnectionLimits,
     watcher: Watcher,
+    shutdown: &CancellationToken,
 ) where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -384,13 +385,20 @@ async fn serve_connection<T>(
     let negotiated_h2 = accepted.alpn_protocol() == Some(b"h2".as_slice());
     let ended = match (h2.enabled, tls) {
         (true, true) if negotiated_h2 => {
-            serve_h2(accepted.into_inner(), app, &limits, watcher).await
+            serve_h2(accepted.into_inner(), app, &limits, watcher, shutdown).await
         }
-        (true, false) => match sniff_h2c(accepted.into_inner(), limits.header_timeout).await {
-            Ok((true, io)) => serve_h2(io, app, &limits, watcher).await,
-            Ok((false, io)) => serve_h1(io, app, &limits, watcher).await,
-            Err(e) => Err(e.into()),
-        },
+        (true, false) => {
+            let sniffed = tokio::select! {
+                sniffed = sniff_h2c(accepted.into_inner(), limits.header_timeout) => sniffed,
+                // A client that has sent nothing yet holds up no shutdown.
+                () = shutdown.cancelled() => return,
+            };
+            match sniffed {
+                Ok((true, io)) => serve_h2(io, app, &limits, watcher, shutdown).await,
+                Ok((false, io)) => serve_h1(io, app, &limits, watcher).await,
+                Err(e) => Err(e.into()),
+            }
+        }
         _ => serve_h1(accepted.into_inner(), app, &limits, watcher).await,
     };
     if let Err(e) = ended {
@@ -416,13 +424,16 @@ where
     watcher.watch(conn).await.map_err(BoxError::from)
 }
 
-/// HTTP/2 on `io`, with its bounds; closed (dropped: nothing is in
-/// flight on it) once it has had no request open for the idle timeout.
+/// HTTP/2 on `io`, with its bounds. At shutdown, or once it has had no
+/// request open for the idle timeout, it is closed gracefully: GOAWAY,
+/// then the streams it took up are served to their ends. `watcher` is
+/// held until then, so the gateway's drain waits for it.
 async fn serve_h2<T>(
     io: T,
     app: ConnectionService,
     limits: &ConnectionLimits,
     watcher: Watcher,
+    shutdown: &CancellationToken,
 ) -> Result<(), BoxError>
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -432,8 +443,21 @@ where
     let slotted = StreamSlots::new(app, limits.http2.max_concurrent_streams);
     let idle = slotted.idle_for(limits.http2.idle_timeout);
     let conn = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(slotted));
-    tokio::select! {
-        ended = watcher.watch(conn) => ended.map_err(BoxError::from),
-        () = idle => Ok(()),
-    }
+    let (mut conn, mut idle) = (std::pin::pin!(conn), std::pin::pin!(idle));
+    let mut closing = false;
+    let ended = loop {
+        tokio::select! {
+            ended = conn.as_mut() => break ended,
+            () = shutdown.cancelled(), if !closing => {
+                conn.as_mut().graceful_shutdown();
+                closing = true;
+            }
+            () = idle.as_mut(), if !closing => {
+                conn.as_mut().graceful_shutdown();
+                closing = true;
+            }
+        }
+    };
+    drop(watcher);
+    ended.map_err(BoxError::from)
 }

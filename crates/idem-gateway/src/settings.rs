@@ -234,9 +234,10 @@ pub struct Http2Limits {
     pub keep_alive_interval: Option<Duration>,
     /// How long a ping may go unanswered (default 10 s).
     pub keep_alive_timeout: Duration,
-    /// How long a connection may have no request open before it is
-    /// closed (default 60 s): an HTTP/2 client answers pings for ever, so
-    /// without this an idle one would hold its connection slot for ever.
+    /// How long a connection may have no request open (and none begin or
+    /// end) before it is closed gracefully, with GOAWAY (default 60 s): an
+    /// HTTP/2 client answers pings for ever, so without this an idle one
+    /// would hold its connection slot for ever.
     pub idle_timeout: Duration,
     /// Streams a client may reset before the gateway has taken them up,
     /// past which the connection is closed with `ENHANCE_YOUR_CALM`: the

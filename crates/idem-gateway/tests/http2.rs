@@ -661,19 +661,22 @@ async fn silent_and_idle_connections_are_closed() {
             "still open after sending {sent:?}: {closed:?}"
         );
     }
-    // An HTTP/2 connection that served a request, then went quiet.
+    // An HTTP/2 connection that served requests, then went quiet.
     let tcp = TcpStream::connect(g.addr).await.unwrap();
     let (mut sender, conn) =
         hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
             .await
             .unwrap();
     let conn = tokio::spawn(conn);
-    let served = exchange(
-        &mut sender,
-        payment(g.addr, "idle-h2c-key-0000001", "1 EUR"),
-    )
-    .await;
-    assert_eq!(served.status, StatusCode::CREATED);
+    // Short requests, closer together than the idle timeout, keep it
+    // open however the idle checks fall between them.
+    for i in 0..12 {
+        let key = format!("idle-h2c-key-{i:07}");
+        let served = exchange(&mut sender, payment(g.addr, &key, "1 EUR")).await;
+        assert_eq!(served.status, StatusCode::CREATED, "request {i}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!conn.is_finished(), "closed while in use");
     let ended = tokio::time::timeout(Duration::from_secs(10), conn).await;
     assert!(ended.is_ok(), "the idle HTTP/2 connection is still open");
     g.stop().await;

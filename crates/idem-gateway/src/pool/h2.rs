@@ -25,8 +25,11 @@ use tower::ServiceExt as _;
 use super::{CONNECT_TOO_SLOW, Negotiated, Pool, SendError, SendRequest2};
 use crate::settings::UpstreamProtocol;
 
-/// How often the upstream connection is pinged.
-const KEEP_ALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(20);
+/// How often the upstream connection is pinged while it has streams open:
+/// five minutes, the least interval grpc-go and grpc-java servers accept
+/// by default (they answer more frequent pings, or pings on an idle
+/// connection, with GOAWAY `too_many_pings`).
+const KEEP_ALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(300);
 /// How long a ping may go unanswered before the connection is dropped.
 const KEEP_ALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// The upstream connection's receive window.
@@ -188,18 +191,17 @@ fn refused(error: &hyper::Error) -> bool {
 }
 
 /// The HTTP/2 handshake over `io`, its connection's task spawned on the
-/// thread's runtime. The connection is pinged while idle too, so a
-/// half-open one (an upstream that went away without a word) is found
-/// and replaced instead of taking every request until their timeouts;
-/// its window is large, so that a few slow readers among the clients do
-/// not hold every stream's answer back.
+/// thread's runtime. The connection is pinged while it has streams open,
+/// so a half-open one (an upstream that went away without a word) is
+/// found and replaced; its window is large, so that a few slow readers
+/// among the clients do not hold every stream's answer back.
 async fn handshake(io: Io) -> Result<SendRequest2, SendError> {
     let mut builder = http2::Builder::new(TokioExecutor::new());
     builder
         .timer(TokioTimer::new())
         .keep_alive_interval(KEEP_ALIVE_INTERVAL)
         .keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
-        .keep_alive_while_idle(true)
+        .keep_alive_while_idle(false)
         .initial_connection_window_size(CONNECTION_WINDOW);
     let (sender, connection) = builder
         .handshake(io)
