@@ -10,11 +10,14 @@
 # each, -t2) sends IDEM_BENCH_REQUESTS requests a row (200000 by default):
 # a GET without a key (passthrough) or a POST with one key for every
 # request (replays; the hop's POST reaches the upstream every time).
-# h2load cannot vary a header per request, so new keys are not a row here
-# (BENCHMARKS.md says what measures them). Each row: requests/s, the ratio
-# to the hop's row of the same kind, and CPU per request: the utime+stime
-# of the serving process (the nginx worker, which serves the upstream too,
-# or the gateway alone) over the requests h2load finished.
+# h2load cannot vary a header per request, so new keys are sent by a small
+# generator of the repository's own (crates/idem-gateway/examples/
+# h2load_keys.rs: the same -c64 -m8, a new key on every POST), against the
+# gateway and against the hop alike; those two rows are compared with each
+# other. Each row: requests/s, the ratio to the hop's row of the same
+# kind, and CPU per request: the utime+stime of the serving process (the
+# nginx worker, which serves the upstream too, or the gateway alone) over
+# the requests finished.
 #
 # A last row runs HTTP/1.1 passthrough (wrk) against the gateway with and
 # without `--no-http2`: what serving h2c on the plain listener (reading a
@@ -36,6 +39,8 @@ NGINX="$(command -v nginx || echo /usr/sbin/nginx)"
 # shellcheck source=bench/lib.sh
 . bench/lib.sh
 idem_binary
+cargo build -q --release -p idem-gateway --example h2load_keys
+KEYS_TOOL="$PWD/target/release/examples/h2load_keys"
 
 WORK="$(mktemp -d)"
 PIDS=()
@@ -93,17 +98,25 @@ printf '%s' '{"from":"acct-1","to":"acct-2","amount":100}' >"$BODY"
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 TICK_US=$((1000000 / $(getconf CLK_TCK)))
 
-# h2row NAME URL KIND PID: KIND get (passthrough) or replay (one key).
+# load KIND URL N: N requests of KIND, get (passthrough), replay (one key)
+# or new (a new key each), with h2load's report on stdout.
+load() {
+    local kind="$1" url="$2" n="$3"
+    local args=(-c64 -m8 -t2)
+    case "$kind" in
+        new) "$KEYS_TOOL" "$url" "$n" 64 8; return ;;
+        replay) args+=(-d "$BODY" -H 'content-type: application/json' -H 'idempotency-key: bench-h2-replayed-key-01') ;;
+    esac
+    h2load "${args[@]}" -n "$n" "$url"
+}
+
+# h2row NAME URL KIND PID: KIND as for `load`.
 h2row() {
     local name="$1" url="$2" kind="$3" pid="$4"
-    local args=(-c64 -m8 -t2)
-    if [ "$kind" = replay ]; then
-        args+=(-d "$BODY" -H 'content-type: application/json' -H 'idempotency-key: bench-h2-replayed-key-01')
-    fi
-    h2load "${args[@]}" -n 20000 "$url" >/dev/null 2>&1 || true
+    load "$kind" "$url" 20000 >/dev/null 2>&1 || true
     local before after out rps done
     before="$(cpu_ticks "$pid")"
-    out="$(h2load "${args[@]}" -n "$REQUESTS" "$url")"
+    out="$(load "$kind" "$url" "$REQUESTS")"
     after="$(cpu_ticks "$pid")"
     rps="$(echo "$out" | awk '/^finished in/ {print $4}')"
     done="$(echo "$out" | awk '/^requests:/ {print $6}')"
@@ -150,6 +163,8 @@ gateway
 h2row "idem h2c GET (passthrough)" "http://127.0.0.1:$GW_PORT/get" get "$GW_PID"
 h2row "nginx h2 hop POST" "http://127.0.0.1:$HOP/transfers" replay "$NGINX_WORKER"
 h2row "idem h2c POST (replays)" "http://127.0.0.1:$GW_PORT/transfers" replay "$GW_PID"
+h2row "nginx h2 hop POST, new-key tool" "http://127.0.0.1:$HOP/transfers" new "$NGINX_WORKER"
+h2row "idem h2c POST (new keys, memory)" "http://127.0.0.1:$GW_PORT/transfers" new "$GW_PID"
 wrkrow "idem http/1.1 GET, h2c on" "http://127.0.0.1:$GW_PORT/get" "$GW_PID"
 kill "$GW_PID"; wait "$GW_PID" 2>/dev/null || true
 gateway --no-http2
@@ -161,11 +176,12 @@ printf '| row | req/s | x hop | CPU us/req |\n|---|---:|---:|---:|\n'
 awk -F'\t' '
     $1 == "nginx h2 hop GET" { get = $2 }
     $1 == "nginx h2 hop POST" { post = $2 }
+    $1 == "nginx h2 hop POST, new-key tool" { keys = $2 }
     { rows[NR] = $0 }
     END {
         for (i = 1; i <= NR; i++) {
             split(rows[i], f, "\t")
-            ref = (f[1] ~ /POST/) ? post : get
+            ref = (f[1] ~ /new/) ? keys : (f[1] ~ /POST/) ? post : get
             ratio = (f[1] ~ /http\/1.1/ || ref == 0) ? "-" : sprintf("%.2f", f[2] / ref)
             printf "| %s | %.0f | %s | %s |\n", f[1], f[2], ratio, f[3]
         }
