@@ -41,7 +41,7 @@
 //! `Host` and the origin-form target (made absolute here for HTTP/2).
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -55,10 +55,10 @@ use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
 use idem_http::{Body, BoxError, boxed};
 use tokio::task::AbortHandle;
-
-use crate::settings::UpstreamProtocol;
 use tokio::time::Instant;
 use tower::ServiceExt as _;
+
+use crate::settings::UpstreamProtocol;
 
 /// Connections kept in a thread's pool, past which a returned one is
 /// closed (a returned connection still finishing its exchange counts).
@@ -78,20 +78,12 @@ pub(crate) const CLOSE_REASONS: [&str; 4] = [
     "bodiless_answer",
 ];
 
+/// The I/O the connector gives.
+type UpstreamIo = hyper_rustls::MaybeHttpsStream<hyper_util::rt::TokioIo<tokio::net::TcpStream>>;
+
 /// What sends on the thread's HTTP/2 connection (cheap to clone;
 /// `pool/h2.rs`).
 type SendRequest2 = hyper::client::conn::http2::SendRequest<Body>;
-
-/// With `auto`, what the upstream picked by ALPN, as the pool has seen it
-/// on its last new connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-enum Negotiated {
-    /// No connection made yet, or `http/1.1`: HTTP/1.1's pool.
-    Unknown = 0,
-    /// `h2`: the multiplexed connection.
-    H2 = 1,
-}
 
 /// Why a request got no answer.
 #[derive(Debug)]
@@ -106,14 +98,15 @@ pub(crate) enum SendError {
 /// One serving thread's connections to the upstream.
 pub(crate) struct Pool {
     connector: HttpsConnector<HttpConnector>,
-    /// The HTTP version spoken (`auto`: as [`Pool::negotiated`] learns).
+    /// The HTTP version spoken (`auto`: as `picked_h2` says).
     protocol: UpstreamProtocol,
     /// The multiplexed HTTP/2 connection, once there is one; locked while
     /// it is made, so that requests that come meanwhile wait for it
     /// instead of each opening one.
     h2: tokio::sync::Mutex<Option<SendRequest2>>,
-    /// With `auto`: what the upstream picked by ALPN (see [`Negotiated`]).
-    negotiated: AtomicU8,
+    /// With `auto`: whether the upstream picked `h2` by ALPN on the last
+    /// connection made (before any, or for `http/1.1`: HTTP/1.1's pool).
+    picked_h2: AtomicBool,
     /// The upstream's scheme and authority: where a connection goes.
     origin: Uri,
     /// Oldest first; taken from the end.
@@ -205,7 +198,7 @@ impl Pool {
             connector,
             protocol,
             h2: tokio::sync::Mutex::new(None),
-            negotiated: AtomicU8::new(Negotiated::Unknown as u8),
+            picked_h2: AtomicBool::new(false),
             origin,
             idle: Mutex::new(Vec::new()),
             idle_timeout,
@@ -311,12 +304,7 @@ impl Pool {
     /// for it instead (`auto`): it is then the thread's HTTP/2 one.
     async fn connect(self: &Arc<Self>) -> Result<Option<Conn>, SendError> {
         self.start_reaping();
-        let io = self
-            .connector
-            .clone()
-            .oneshot(self.origin.clone())
-            .await
-            .map_err(SendError::NotSent)?;
+        let io = self.connect_io().await?;
         if self.upstream_picked_h2(&io) {
             self.adopt_h2(io).await?;
             return Ok(None);
@@ -344,6 +332,16 @@ impl Pool {
             sender,
             task: task.abort_handle(),
         }))
+    }
+
+    /// A new connection to the upstream, TLS (and ALPN) done, before any
+    /// HTTP: what HTTP/1.1's pool and the HTTP/2 connection are made over.
+    async fn connect_io(&self) -> Result<UpstreamIo, SendError> {
+        self.connector
+            .clone()
+            .oneshot(self.origin.clone())
+            .await
+            .map_err(SendError::NotSent)
     }
 
     /// `response` with its connection: back in the pool now if the

@@ -76,6 +76,28 @@ impl Counting {
     fn executed(&self) -> usize {
         self.executed.load(Ordering::SeqCst)
     }
+
+    /// Lets held executions go, `every` so often, until the task is
+    /// aborted: all that wait, or one at a time.
+    fn keep_releasing(&self, how: Release, every: Duration) -> tokio::task::JoinHandle<()> {
+        let hold = self.hold.clone().unwrap();
+        tokio::spawn(async move {
+            loop {
+                match how {
+                    Release::All => hold.notify_waiters(),
+                    Release::One => hold.notify_one(),
+                }
+                tokio::time::sleep(every).await;
+            }
+        })
+    }
+}
+
+/// How [`Counting::keep_releasing`] lets held executions go.
+#[derive(Clone, Copy)]
+enum Release {
+    All,
+    One,
 }
 
 struct Started {
@@ -328,13 +350,7 @@ async fn rapid_reset_cannot_pile_up_executions() {
     other.ready().await.unwrap();
     let answer =
         tokio::spawn(other.send_request(payment(g.addr, "rapid-reset-others-001", "2 EUR")));
-    let released = up.hold.clone().unwrap();
-    let releasing = tokio::spawn(async move {
-        loop {
-            released.notify_waiters();
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    });
+    let releasing = up.keep_releasing(Release::All, Duration::from_millis(10));
     let answer = tokio::time::timeout(Duration::from_secs(20), answer)
         .await
         .unwrap()
@@ -380,13 +396,7 @@ async fn streams_beyond_the_limit_are_refused_or_wait() {
             }
         }));
     }
-    let released = up.hold.clone().unwrap();
-    let releasing = tokio::spawn(async move {
-        loop {
-            released.notify_one();
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    });
+    let releasing = up.keep_releasing(Release::One, Duration::from_millis(5));
     let mut served = 0;
     for c in calls {
         if let Some(status) = c.await.unwrap() {

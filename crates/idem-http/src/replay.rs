@@ -82,10 +82,9 @@ pub(crate) fn to_stored(
     }
 }
 
-/// Stored fields as a header map; fields that do not parse (they were
+/// Appends stored fields to `map`; fields that do not parse (they were
 /// valid when stored, so only corruption does this) are skipped.
-fn field_map(fields: &[(String, Vec<u8>)]) -> HeaderMap {
-    let mut map = HeaderMap::with_capacity(fields.len());
+fn append_fields(map: &mut HeaderMap, fields: &[(String, Vec<u8>)]) {
     for (name, value) in fields {
         if let (Ok(n), Ok(v)) = (
             HeaderName::try_from(name.as_str()),
@@ -94,7 +93,6 @@ fn field_map(fields: &[(String, Vec<u8>)]) -> HeaderMap {
             map.append(n, v);
         }
     }
-    map
 }
 
 /// Builds the HTTP response for a stored one. Headers that do not parse
@@ -102,11 +100,15 @@ fn field_map(fields: &[(String, Vec<u8>)]) -> HeaderMap {
 ///
 /// Stored trailers follow the body, as they came.
 pub fn stored_to_response(stored: &StoredResponse) -> Response<Body> {
-    let trailers = (!stored.trailers.is_empty()).then(|| field_map(&stored.trailers));
+    let trailers = (!stored.trailers.is_empty()).then(|| {
+        let mut map = HeaderMap::new();
+        append_fields(&mut map, &stored.trailers);
+        map
+    });
     let mut response = Response::new(full_with_trailers(stored.body.clone(), trailers));
     *response.status_mut() =
         StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    *response.headers_mut() = field_map(&stored.headers);
+    append_fields(response.headers_mut(), &stored.headers);
     response
 }
 

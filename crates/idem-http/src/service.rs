@@ -107,7 +107,8 @@ where
         let grpc = crate::grpc::is_grpc(req.headers());
         // Boxed before it is awaited in another future, so that its `Send`
         // is checked here, once, as for a plain request.
-        let handled: Handled<S::Error> = Box::pin(flow::handle(self.shared.clone(), call, req));
+        let handled: Handled<S::Error> =
+            Box::pin(flow::handle(self.shared.clone(), call, req, grpc));
         let inner = if grpc { as_grpc(handled) } else { handled };
         ResponseFuture { inner }
     }

@@ -14,15 +14,12 @@ use std::sync::atomic::Ordering;
 use http::uri::{Parts, PathAndQuery};
 use http::{Request, Response, Uri, header};
 use hyper::client::conn::http2;
-use hyper_rustls::MaybeHttpsStream;
 use hyper_util::client::legacy::connect::Connection as _;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use idem_http::{Body, boxed};
-use tokio::net::TcpStream;
 use tokio::time::Instant;
-use tower::ServiceExt as _;
 
-use super::{CONNECT_TOO_SLOW, Negotiated, Pool, SendError, SendRequest2};
+use super::{CONNECT_TOO_SLOW, Pool, SendError, SendRequest2, UpstreamIo as Io};
 use crate::settings::UpstreamProtocol;
 
 /// How often the upstream connection is pinged while it has streams open:
@@ -35,18 +32,13 @@ const KEEP_ALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1
 /// The upstream connection's receive window.
 const CONNECTION_WINDOW: u32 = 16 * 1024 * 1024;
 
-/// The I/O the connector gives.
-type Io = MaybeHttpsStream<TokioIo<TcpStream>>;
-
 impl Pool {
     /// Whether requests go over HTTP/2 now.
     pub(super) fn speaks_h2(&self) -> bool {
         match self.protocol {
             UpstreamProtocol::H2 | UpstreamProtocol::H2c => true,
             UpstreamProtocol::Http1 => false,
-            UpstreamProtocol::Auto => {
-                self.negotiated.load(Ordering::Relaxed) == Negotiated::H2 as u8
-            }
+            UpstreamProtocol::Auto => self.picked_h2.load(Ordering::Relaxed),
         }
     }
 
@@ -60,8 +52,7 @@ impl Pool {
     /// picked `h2`): HTTP/2 from now on.
     pub(super) async fn adopt_h2(&self, io: Io) -> Result<(), SendError> {
         let sender = handshake(io).await?;
-        self.negotiated
-            .store(Negotiated::H2 as u8, Ordering::Relaxed);
+        self.picked_h2.store(true, Ordering::Relaxed);
         *self.h2.lock().await = Some(sender);
         Ok(())
     }
@@ -111,19 +102,13 @@ impl Pool {
             return Ok((sender.clone(), true));
         }
         let made = async {
-            let io = self
-                .connector
-                .clone()
-                .oneshot(self.origin.clone())
-                .await
-                .map_err(SendError::NotSent)?;
+            let io = self.connect_io().await?;
             let picked_h2 = io.connected().is_negotiated_h2();
             match self.protocol {
                 UpstreamProtocol::Auto if !picked_h2 => {
                     // The upstream no longer picks HTTP/2: HTTP/1.1 for
                     // the requests after this one.
-                    self.negotiated
-                        .store(Negotiated::Unknown as u8, Ordering::Relaxed);
+                    self.picked_h2.store(false, Ordering::Relaxed);
                     return Err(SendError::NotSent(
                         "the upstream picked HTTP/1.1 on a new connection".into(),
                     ));
@@ -195,7 +180,16 @@ fn refused(error: &hyper::Error) -> bool {
 /// so a half-open one (an upstream that went away without a word) is
 /// found and replaced; its window is large, so that a few slow readers
 /// among the clients do not hold every stream's answer back.
-async fn handshake(io: Io) -> Result<SendRequest2, SendError> {
+///
+/// Boxed: the handshake's state is kilobytes, and every future that could
+/// await it (HTTP/1.1's connect included, for `auto`) would carry that
+/// much, copied on every request it serves (measured: 12,000 instructions
+/// a request of `memcpy`, bench/gateway-instructions.sh).
+fn handshake(io: Io) -> futures_util::future::BoxFuture<'static, Result<SendRequest2, SendError>> {
+    Box::pin(handshaking(io))
+}
+
+async fn handshaking(io: Io) -> Result<SendRequest2, SendError> {
     let mut builder = http2::Builder::new(TokioExecutor::new());
     builder
         .timer(TokioTimer::new())

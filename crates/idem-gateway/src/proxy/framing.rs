@@ -20,16 +20,27 @@ pub(super) fn ends_at_close(headers: &HeaderMap) -> bool {
     !last.is_some_and(|c| c.eq_ignore_ascii_case("chunked"))
 }
 
-/// The transfer codings a message's `Transfer-Encoding` lines list, in
-/// order, each trimmed; empty list elements left out (RFC 9110 section
-/// 5.6.1).
-pub(crate) fn transfer_codings(headers: &HeaderMap) -> impl Iterator<Item = &[u8]> {
+/// The elements the `name` lines of a message list, in order, each
+/// trimmed; empty list elements left out (RFC 9110 section 5.6.1).
+fn list_elements(headers: &HeaderMap, name: header::HeaderName) -> impl Iterator<Item = &[u8]> {
     headers
-        .get_all(header::TRANSFER_ENCODING)
+        .get_all(name)
         .iter()
         .flat_map(|v| v.as_bytes().split(|b| *b == b','))
         .map(<[u8]>::trim_ascii)
         .filter(|c| !c.is_empty())
+}
+
+/// The transfer codings a message's `Transfer-Encoding` lines list.
+pub(crate) fn transfer_codings(headers: &HeaderMap) -> impl Iterator<Item = &[u8]> {
+    list_elements(headers, header::TRANSFER_ENCODING)
+}
+
+/// Whether a request's `TE` lists `trailers` (parameters aside).
+pub(super) fn wants_trailers(headers: &HeaderMap) -> bool {
+    list_elements(headers, header::TE)
+        .map(|t| t.split(|b| *b == b';').next().unwrap_or(t).trim_ascii())
+        .any(|t| t.eq_ignore_ascii_case(b"trailers"))
 }
 
 /// A transfer coding of an answer other than `chunked` (which hyper

@@ -46,7 +46,7 @@ pub(crate) use forwarding::Peer;
 pub use forwarding::rewritten_on_the_way;
 use forwarding::{rewrite_headers, strip_hop_by_hop};
 pub(crate) use framing::transfer_codings;
-use framing::{ends_at_close, unknown_coding};
+use framing::{ends_at_close, unknown_coding, wants_trailers};
 use upstream::Upstream;
 
 use crate::h2_server::ExecutionSlot;
@@ -358,14 +358,4 @@ impl Service<Request<Body>> for Proxy {
         let forwarder = self.0.clone();
         Box::pin(async move { Ok(forwarder.forward(req).await) })
     }
-}
-
-/// Whether a request's `TE` lists `trailers`.
-fn wants_trailers(headers: &http::HeaderMap) -> bool {
-    headers
-        .get_all(header::TE)
-        .iter()
-        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
-        .map(|t| t.split(|b| *b == b';').next().unwrap_or(t).trim_ascii())
-        .any(|t| t.eq_ignore_ascii_case(b"trailers"))
 }

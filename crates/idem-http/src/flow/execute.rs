@@ -10,7 +10,7 @@ use futures_util::FutureExt;
 use futures_util::StreamExt;
 use http::{Request, Response, header};
 use http_body_util::{BodyExt, BodyStream, StreamBody};
-use idem_core::{Completion, Disposition, Fingerprint, Lease, Takeover};
+use idem_core::{Completion, Disposition, Fingerprint, Lease, RecordId, Takeover};
 
 use super::execution::Claimed;
 use super::execution::{Call, Ended, OutcomeUnknown, UnverifiedEnd};
@@ -130,15 +130,10 @@ pub(super) async fn execute<E>(
             set_expires(&mut parts.headers, lease.expires_at);
             return (outcome, Ok(Response::from_parts(parts, streamed)));
         }
-        ResponseBody::Failed if shared.settings.hold_unknown_outcomes => {
-            tracing::error!(key = %id.key.log_id(), "response body failed; the claim is held until its lease ends");
-            let held = hold(&shared, &id, lease, token, Rejection::OutcomeUnknown);
-            return (Outcome::Held, Ok(held));
-        }
         ResponseBody::Failed => {
-            tracing::error!(key = %id.key.log_id(), "handler's response body failed; claim released");
-            let abandoned = abandon(&shared, &id, claim, token, Rejection::HandlerFailed).await;
-            return (claim.released(), Ok(abandoned));
+            let (outcome, answer) =
+                unknown_outcome(&shared, &id, claim, token, "response body failed").await;
+            return (outcome, Ok(answer));
         }
     };
 
@@ -148,15 +143,9 @@ pub(super) async fn execute<E>(
         // A gRPC answer that ended without a status: something on the way
         // (an HTTP/1.1 hop) may have dropped its trailers, so the call may
         // well have succeeded. Its outcome is unknown, as for a failed body.
-        return if shared.settings.hold_unknown_outcomes {
-            tracing::error!(key = %id.key.log_id(), "gRPC answer without a status; the claim is held until its lease ends");
-            let held = hold(&shared, &id, lease, token, Rejection::OutcomeUnknown);
-            (Outcome::Held, Ok(held))
-        } else {
-            tracing::error!(key = %id.key.log_id(), "gRPC answer without a status; claim released");
-            let abandoned = abandon(&shared, &id, claim, token, Rejection::HandlerFailed).await;
-            (claim.released(), Ok(abandoned))
-        };
+        let (outcome, answer) =
+            unknown_outcome(&shared, &id, claim, token, "gRPC answer without a status").await;
+        return (outcome, Ok(answer));
     }
     let outcome = if ctx.is_completed() {
         Outcome::Executed
@@ -201,6 +190,26 @@ pub(super) async fn execute<E>(
             full_with_trailers(body, trailers),
         )),
     )
+}
+
+/// An answer whose outcome is unknown (`what` says why): its claim held
+/// until its lease ends, or released where the layer does not hold
+/// unknown outcomes (a handler in process stopped: nothing runs on).
+async fn unknown_outcome(
+    shared: &Arc<Shared>,
+    id: &RecordId,
+    claim: Claimed,
+    token: u64,
+    what: &str,
+) -> (Outcome, Response<Body>) {
+    if shared.settings.hold_unknown_outcomes {
+        tracing::error!(key = %id.key.log_id(), "{what}; the claim is held until its lease ends");
+        let held = hold(shared, id, claim.lease, token, Rejection::OutcomeUnknown);
+        return (Outcome::Held, held);
+    }
+    tracing::error!(key = %id.key.log_id(), "{what}; claim released");
+    let abandoned = abandon(shared, id, claim, token, Rejection::HandlerFailed).await;
+    (claim.released(), abandoned)
 }
 
 /// `completion` with the resource id the handler named, if it named one.

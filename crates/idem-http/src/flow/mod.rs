@@ -37,10 +37,13 @@ pub(crate) use execution::Call;
 
 pub use execution::{OutcomeUnknown, UnverifiedEnd};
 
+/// One request through the layer; `grpc` says whether it is a gRPC call
+/// (its media type, read once by the service).
 pub(crate) async fn handle<B, E>(
     shared: Arc<Shared>,
     inner: Call<E>,
     req: Request<B>,
+    grpc: bool,
 ) -> Result<Response<Body>, E>
 where
     B: http_body::Body<Data = Bytes> + Send + 'static,
@@ -88,7 +91,7 @@ where
                 ));
             }
         };
-    if crate::grpc::is_grpc(&parts.headers) && crate::grpc::has_compressed_message(&bytes) {
+    if grpc && crate::grpc::has_compressed_message(&bytes) {
         let r = Rejection::CompressedMessage;
         return Ok(ended(&id, started, r.outcome(), shared.reject(r)));
     }
@@ -117,7 +120,7 @@ where
     // (as any keyed request outlives its client): a service that enforced
     // `grpc-timeout` could stop it half done and answer DEADLINE_EXCEEDED,
     // which releases the key for a second run.
-    if crate::grpc::is_grpc(&parts.headers) {
+    if grpc {
         parts.headers.remove(crate::grpc::GRPC_TIMEOUT);
     }
     let ctx = IdempotencyContext::new(id.clone(), lease.fence, lease.expires_at, announced);
