@@ -11,9 +11,11 @@
 //!   function's statements each take a fresh snapshot), so the second of
 //!   two duplicates finds the first's claim in flight, as it would have
 //!   a moment later alone.
-//! - **completions and releases** are fenced updates and deletes joined to
-//!   the calls; a call whose fence no longer holds its record changes no
-//!   row and is answered `StaleFence`, as alone.
+//! - **completions and releases** run one fenced update or delete per
+//!   call, finding the record by its primary key (`idem_complete_many`,
+//!   `idem_release_many`; not a join, whose plan the statistics pick); a
+//!   call whose fence no longer holds its record changes no row and is
+//!   answered `StaleFence`, as alone.
 //!
 //! A batch the server refuses (one call's values poisoned it, a deadlock
 //! with a transaction of someone else's) is sent again one call at a

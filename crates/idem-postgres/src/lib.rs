@@ -114,6 +114,10 @@ pub use tokio_postgres::{Error as PgError, types::ToSql};
 #[cfg(test)]
 mod batch_tests;
 #[cfg(test)]
+mod migration_tests;
+#[cfg(test)]
+mod plan_tests;
+#[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod tls_tests;
