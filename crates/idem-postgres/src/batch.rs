@@ -4,13 +4,15 @@
 //! costs one round trip, one transaction and one commit.
 //!
 //! Each call gets the answer it would get alone:
-//! - **claims** run `idem_claim` once per call, in one statement, in the
-//!   order of their ids (so that two batches lock shared rows in the same
-//!   order and never deadlock each other); calls with the same id run in
-//!   the order they arrived, and each sees the ones before it (the
-//!   function's statements each take a fresh snapshot), so the second of
-//!   two duplicates finds the first's claim in flight, as it would have
-//!   a moment later alone.
+//! - **claims** (`idem_claim_many`) insert the keys that have no record
+//!   in one statement, in the order of their ids; every other call (a
+//!   key with a record, live, lapsed or expired, or the second of two
+//!   calls for one key) then runs `idem_claim`, in the same order, and
+//!   sees the inserts before it (the function's statements each take a
+//!   fresh snapshot), so the second of two duplicates finds the first's
+//!   claim in flight, as it would have a moment later alone. The one
+//!   order makes deadlocks between two batches rare; one that happens is
+//!   a refused batch (below).
 //! - **completions and releases** run one fenced update or delete per
 //!   call, finding the record by its primary key (`idem_complete_many`,
 //!   `idem_release_many`; not a join, whose plan the statistics pick); a

@@ -50,7 +50,9 @@ fn concurrent_first_connects_migrate_once() {
 
 /// What version 5 added (the batch functions), dropped.
 fn without_version_5(schema: &str) -> String {
-    format!("DROP FUNCTION {schema}.idem_complete_many; DROP FUNCTION {schema}.idem_release_many;")
+    ["idem_claim_many", "idem_complete_many", "idem_release_many"]
+        .map(|f| format!("DROP FUNCTION {schema}.{f};"))
+        .join(" ")
 }
 
 /// A schema at version 2 (before the (scope, key) index and the epoch

@@ -157,6 +157,31 @@ fn keyed_statements_never_scan_the_stale_index_or_the_table() {
                 .await
                 .unwrap();
             assert_eq!(row.get::<_, i16>(0), 1, "claim ({mode})");
+            // A batch of claims: a new key, then two keys in flight.
+            let keys = vec![format!("new-{mode}"), open(14), open(15)];
+            let rows = tx
+                .query(
+                    &sql.claim_many,
+                    &[
+                        &vec![scope; 3],
+                        &vec![op; 3],
+                        &keys,
+                        &vec![fingerprint; 3],
+                        &vec![0i64; 3],
+                        &vec![60_000i64; 3],
+                        &vec![86_400_000i64; 3],
+                    ],
+                )
+                .await
+                .unwrap();
+            let mut outcomes: Vec<(i64, i16)> =
+                rows.iter().map(|r| (r.get(10), r.get(0))).collect();
+            outcomes.sort_unstable();
+            assert_eq!(
+                outcomes,
+                vec![(1, 0), (2, 1), (3, 1)],
+                "claim_many ({mode})"
+            );
 
             let scans = tx
                 .query_one(

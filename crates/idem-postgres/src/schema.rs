@@ -122,16 +122,73 @@ CREATE TABLE {s}.idem_epoch (
     counter bigint NOT NULL
 );
 "#,
-    // 5: a batch's completions and releases, one statement per call, each
-    // finding its record by the primary key. A join of the batch against
-    // the table leaves the plan to the statistics: with few records in
-    // progress (the usual state) it was planned as a scan of every
-    // in-progress record through the stale index, per batch, and on a new
-    // table as a scan of the whole table. "In progress" is written
+    // 5: a batch's claims, completions and releases (`batch.rs`).
+    //
+    // Claims: the keys that have no record are inserted by one statement,
+    // in the batch's order (the order of their ids), each with a fence of
+    // its own; every other call (a key with a record, live or not, or the
+    // second of two calls for one key) is then judged by `idem_claim`, in
+    // the batch's order, as it would be alone. Answers `idem_claim`'s
+    // columns and the 1-based position of the call.
+    //
+    // Completions and releases: one statement per call, each finding its
+    // record by the primary key. A join of the batch against the table
+    // leaves the plan to the statistics: with few records in progress
+    // (the usual state) it was planned as a scan of every in-progress
+    // record through the stale index, per batch, and on a new table as a
+    // scan of the whole table. "In progress" is written
     // `(t.status + 0) = 0` so that no plan can use that index
     // (`Statements::new`, docs/decisions.md). Each answers the 1-based
     // positions of the calls that changed their record.
     r#"
+CREATE FUNCTION {s}.idem_claim_many(
+    p_scope text[], p_operation text[], p_key text[], p_fingerprint bytea[],
+    p_now bigint[], p_lease bigint[], p_ttl bigint[])
+RETURNS TABLE (o_outcome smallint, o_fence bigint, o_created_at bigint, o_lease_until bigint,
+               o_expires_at bigint, o_status smallint, o_resource_id text,
+               o_response_status integer, o_response_headers bytea, o_response_body bytea,
+               o_ord bigint)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    c record;
+    inserted bigint[] := '{}';
+BEGIN
+    FOR c IN
+        WITH calls AS MATERIALIZED (
+            SELECT u.*, nextval('{s}.idem_fence') AS fence
+              FROM unnest(p_scope, p_operation, p_key, p_fingerprint, p_now, p_lease, p_ttl)
+                   WITH ORDINALITY AS u(scope, operation, key, fingerprint, now, lease, ttl, ord)
+             ORDER BY u.ord
+        ), ins AS (
+            INSERT INTO {s}.idem_records AS t (scope, operation, key, fingerprint, status, fence,
+                                               created_at, lease_until, expires_at)
+            SELECT k.scope, k.operation, k.key, k.fingerprint, 0, k.fence,
+                   k.now, k.now + k.lease, k.now + k.ttl
+              FROM calls AS k ORDER BY k.ord
+            ON CONFLICT DO NOTHING
+            RETURNING t.fence
+        )
+        SELECT k.ord, k.fence, k.now, k.lease, k.ttl FROM calls AS k JOIN ins ON ins.fence = k.fence
+    LOOP
+        inserted := inserted || c.ord;
+        o_outcome := 0; o_fence := c.fence; o_created_at := c.now;
+        o_lease_until := c.now + c.lease; o_expires_at := c.now + c.ttl; o_status := 0;
+        o_resource_id := NULL; o_response_status := NULL; o_response_headers := NULL;
+        o_response_body := NULL; o_ord := c.ord;
+        RETURN NEXT;
+    END LOOP;
+    FOR c IN
+        SELECT u.* FROM unnest(p_scope, p_operation, p_key, p_fingerprint, p_now, p_lease, p_ttl)
+                        WITH ORDINALITY AS u(scope, operation, key, fingerprint, now, lease, ttl, ord)
+         WHERE u.ord <> ALL (inserted)
+         ORDER BY u.ord
+    LOOP
+        RETURN QUERY SELECT r.*, c.ord
+            FROM {s}.idem_claim(c.scope, c.operation, c.key, c.fingerprint, c.now, c.lease, c.ttl) AS r;
+    END LOOP;
+END
+$fn$;
+
 CREATE FUNCTION {s}.idem_complete_many(
     p_scope text[], p_operation text[], p_key text[], p_fence bigint[], p_status smallint[],
     p_resource_id text[], p_response_status integer[], p_response_headers bytea[],
@@ -269,8 +326,9 @@ pub(crate) struct Statements {
     pub(crate) claim_new: String,
     /// [`claim`](Self::claim) for each element of the arrays `$1`..`$7`
     /// (scope, operation, key, fingerprint, now, lease, ttl), in their
-    /// order, in one statement: `idem_claim`'s columns, then the 1-based
-    /// position of the call (`batch.rs`).
+    /// order, in one statement (`idem_claim_many`: new keys inserted
+    /// together, the rest judged by `idem_claim`): `idem_claim`'s
+    /// columns, then the 1-based position of the call (`batch.rs`).
     pub(crate) claim_many: String,
     /// Stores a completion if the fence still holds the record.
     pub(crate) complete: String,
@@ -323,11 +381,8 @@ impl Statements {
         Statements {
             claim: format!("SELECT * FROM {s}.idem_claim($1, $2, $3, $4, $5, $6, $7)"),
             claim_many: format!(
-                "SELECT c.*, o.ord FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], \
-                 $5::bigint[], $6::bigint[], $7::bigint[]) WITH ORDINALITY \
-                 AS o(scope, operation, key, fingerprint, now, lease, ttl, ord) \
-                 CROSS JOIN LATERAL {s}.idem_claim(o.scope, o.operation, o.key, o.fingerprint, \
-                 o.now, o.lease, o.ttl) AS c ORDER BY o.ord"
+                "SELECT * FROM {s}.idem_claim_many($1::text[], $2::text[], $3::text[], \
+                 $4::bytea[], $5::bigint[], $6::bigint[], $7::bigint[])"
             ),
             complete_many: format!(
                 "SELECT {s}.idem_complete_many($1::text[], $2::text[], $3::text[], \

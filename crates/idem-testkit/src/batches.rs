@@ -6,9 +6,10 @@
 
 use idem_core::{
     BoxFuture, Claim, ClaimRequest, Completion, RecordId, Settled, Status, Store, StoreError,
+    Timestamp,
 };
 
-use crate::fixtures::{request, response, t0, unique_id};
+use crate::fixtures::{LEASE, TTL, request, response, t0, unique_id};
 
 /// A store's claim batch function.
 pub type ClaimBatch<'s> =
@@ -22,22 +23,24 @@ pub type CompletionBatch<'s> = &'s dyn Fn(
 pub type ReleaseBatch<'s> =
     &'s dyn Fn(Vec<(RecordId, i64)>) -> BoxFuture<'static, Vec<Result<Settled, StoreError>>>;
 
-/// A claim of `id` acquired and completed with `tag`, at `t0`.
-async fn finished(store: &dyn Store, id: &RecordId, body: &str, tag: &str) {
-    let Ok(Claim::Acquired(lease)) = store.claim(&request(id, body, t0())).await else {
+/// A claim of `id` acquired and completed with `tag`, at `at`.
+async fn finished(store: &dyn Store, id: &RecordId, body: &str, tag: &str, at: Timestamp) {
+    let Ok(Claim::Acquired(lease)) = store.claim(&request(id, body, at)).await else {
         panic!("a fresh key was not acquired");
     };
     let done = Completion::completed(response(201, tag));
     assert_eq!(
-        store.complete(id, lease.fence, done, t0()).await.ok(),
+        store.complete(id, lease.fence, done, at).await.ok(),
         Some(Settled::Applied)
     );
 }
 
-/// New keys (two of them sent twice), a key in flight, a finished key and
-/// a finished key asked with another body, in one batch in a shuffled
-/// order: each call gets its own answer, and each new key is acquired by
-/// its first call only, with a fence of its own.
+/// New keys (two of them sent twice), a key in flight, a finished key, a
+/// finished key asked with another body, a key whose lease ran out and a
+/// key whose record expired (asked with another body), in one batch in a
+/// shuffled order: each call gets its own answer, each new key is
+/// acquired by its first call only, and each acquired call gets a fence
+/// of its own, the one stored.
 pub async fn a_mixed_batch_answers_each_claim_as_alone(store: &dyn Store, batch: ClaimBatch<'_>) {
     let (new_a, new_b, new_c) = (
         unique_id("new-aaaa-0000001"),
@@ -47,13 +50,23 @@ pub async fn a_mixed_batch_answers_each_claim_as_alone(store: &dyn Store, batch:
     let flying = unique_id("flying-000000001");
     let done = unique_id("finished-0000001");
     let other = unique_id("mismatch-0000001");
-    let now = t0() + std::time::Duration::from_secs(1);
+    let lapsed = unique_id("lapsed-000000001");
+    let expired = unique_id("expired-00000001");
+    let now = t0() + TTL + LEASE;
+    let second = std::time::Duration::from_secs(1);
     assert!(matches!(
-        store.claim(&request(&flying, "{}", t0())).await,
+        store.claim(&request(&flying, "{}", now - second)).await,
         Ok(Claim::Acquired(_))
     ));
-    finished(store, &done, "{}", "done").await;
-    finished(store, &other, "{\"a\":1}", "other").await;
+    assert!(matches!(
+        store
+            .claim(&request(&lapsed, "{}", now - LEASE - second))
+            .await,
+        Ok(Claim::Acquired(_))
+    ));
+    finished(store, &done, "{}", "done", now - second).await;
+    finished(store, &other, "{\"a\":1}", "other", now - second).await;
+    finished(store, &expired, "{}", "expired", now - TTL - second).await;
 
     let calls: Vec<ClaimRequest> = vec![
         request(&new_b, "{}", now),
@@ -63,12 +76,15 @@ pub async fn a_mixed_batch_answers_each_claim_as_alone(store: &dyn Store, batch:
         request(&new_b, "{}", now),
         request(&other, "{\"a\":2}", now),
         request(&new_a, "{}", now),
+        request(&expired, "{\"b\":1}", now),
         request(&new_c, "{}", now),
+        request(&lapsed, "{}", now),
     ];
     let answers = batch(calls).await;
     let kinds: Vec<&str> = answers
         .iter()
         .map(|a| match a {
+            Ok(Claim::Acquired(l)) if l.takeover => "taken over",
             Ok(Claim::Acquired(_)) => "acquired",
             Ok(Claim::InFlight { .. }) => "in flight",
             Ok(Claim::Replay(r)) if r.status == Status::Completed => "replay",
@@ -87,7 +103,9 @@ pub async fn a_mixed_batch_answers_each_claim_as_alone(store: &dyn Store, batch:
             "in flight",
             "mismatch",
             "in flight",
-            "acquired"
+            "acquired",
+            "acquired",
+            "taken over"
         ],
         "{answers:?}"
     );
@@ -104,9 +122,15 @@ pub async fn a_mixed_batch_answers_each_claim_as_alone(store: &dyn Store, batch:
         .collect();
     fences.sort_unstable();
     fences.dedup();
-    assert_eq!(fences.len(), 3);
+    assert_eq!(fences.len(), 5);
     // Each acquired answer is its own id's: its fence is the one stored.
-    for (i, id) in [(0, &new_b), (2, &new_a), (7, &new_c)] {
+    for (i, id) in [
+        (0, &new_b),
+        (2, &new_a),
+        (7, &expired),
+        (8, &new_c),
+        (9, &lapsed),
+    ] {
         let Ok(Claim::Acquired(lease)) = &answers[i] else {
             unreachable!()
         };
