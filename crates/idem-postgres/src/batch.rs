@@ -54,15 +54,50 @@ pub(crate) fn spawn(pool: &Pool, sql: &Arc<Statements>) -> StoreBatchers {
     StoreBatchers::spawn(
         IN_FLIGHT,
         MAX_BATCH,
-        move |calls| claims(p1.clone(), s1.clone(), calls),
-        move |calls| completions(p2.clone(), s2.clone(), calls),
-        move |calls| releases(p3.clone(), s3.clone(), calls),
+        move |calls| claims(p1.clone(), s1.clone(), calls, OnRefusal::OneAtATime),
+        move |calls| completions(p2.clone(), s2.clone(), calls, OnRefusal::OneAtATime),
+        move |calls| releases(p3.clone(), s3.clone(), calls, OnRefusal::OneAtATime),
     )
 }
 
 /// What a caller whose batch ended without its answer gets.
 pub(crate) fn lost(e: BatchLost) -> StoreError {
     e.into_store_error("postgres")
+}
+
+/// What a batch the server refused does with its calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OnRefusal {
+    /// Sends them again one at a time, so that a poisoned call fails only
+    /// itself (the store).
+    OneAtATime,
+    /// Fails them all (tests that must see the batch's own statement
+    /// answer every call, not the single path standing in for it).
+    #[cfg(test)]
+    Fail,
+}
+
+impl OnRefusal {
+    /// The answers to `calls` after their batch was refused: each call's
+    /// `one` in turn, or each a failure.
+    async fn answer<'c, C, A, Fut>(
+        self,
+        calls: &'c [C],
+        one: impl Fn(&'c C) -> Fut,
+    ) -> Vec<Result<A, StoreError>>
+    where
+        Fut: std::future::Future<Output = Result<A, StoreError>>,
+    {
+        match self {
+            OnRefusal::OneAtATime => one_by_one(calls, one).await,
+            #[cfg(test)]
+            OnRefusal::Fail => all_failed(
+                calls.len(),
+                StoreErrorKind::Backend,
+                "postgres store: the server refused the batch",
+            ),
+        }
+    }
 }
 
 /// How a batch's statement ended.
@@ -152,6 +187,7 @@ pub(crate) async fn claims(
     pool: Pool,
     sql: Arc<Statements>,
     calls: Vec<ClaimRequest>,
+    on_refusal: OnRefusal,
 ) -> Vec<Result<Claim, StoreError>> {
     if calls.len() == 1 {
         return one_by_one(&calls, |req| crate::single::claim_one(&pool, &sql, req)).await;
@@ -188,7 +224,11 @@ pub(crate) async fn claims(
             |i, row| row::claim_from_row(&calls[i], row),
             |_| Err(missing("claim")),
         ),
-        Sent::Refused => one_by_one(&calls, |req| crate::single::claim_one(&pool, &sql, req)).await,
+        Sent::Refused => {
+            on_refusal
+                .answer(&calls, |req| crate::single::claim_one(&pool, &sql, req))
+                .await
+        }
         Sent::Down(kind, message) => all_failed(calls.len(), kind, &message),
     }
 }
@@ -197,6 +237,7 @@ pub(crate) async fn completions(
     pool: Pool,
     sql: Arc<Statements>,
     calls: Vec<CompletionCall>,
+    on_refusal: OnRefusal,
 ) -> Vec<Result<Settled, StoreError>> {
     if calls.len() == 1 {
         return one_by_one(&calls, |(id, fence, c)| {
@@ -245,10 +286,11 @@ pub(crate) async fn completions(
     match sent {
         Sent::Rows(rows) => settled(&rows, &order),
         Sent::Refused => {
-            one_by_one(&calls, |(id, fence, c)| {
-                crate::single::complete_one(&pool, &sql, id, *fence, c)
-            })
-            .await
+            on_refusal
+                .answer(&calls, |(id, fence, c)| {
+                    crate::single::complete_one(&pool, &sql, id, *fence, c)
+                })
+                .await
         }
         Sent::Down(kind, message) => all_failed(calls.len(), kind, &message),
     }
@@ -258,6 +300,7 @@ pub(crate) async fn releases(
     pool: Pool,
     sql: Arc<Statements>,
     calls: Vec<ReleaseCall>,
+    on_refusal: OnRefusal,
 ) -> Vec<Result<Settled, StoreError>> {
     if calls.len() == 1 {
         return one_by_one(&calls, |(id, fence)| {
@@ -281,10 +324,11 @@ pub(crate) async fn releases(
     match sent {
         Sent::Rows(rows) => settled(&rows, &order),
         Sent::Refused => {
-            one_by_one(&calls, |(id, fence)| {
-                crate::single::release_one(&pool, &sql, id, *fence)
-            })
-            .await
+            on_refusal
+                .answer(&calls, |(id, fence)| {
+                    crate::single::release_one(&pool, &sql, id, *fence)
+                })
+                .await
         }
         Sent::Down(kind, message) => all_failed(calls.len(), kind, &message),
     }

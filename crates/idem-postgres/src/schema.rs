@@ -153,26 +153,36 @@ DECLARE
     c record;
     inserted bigint[] := '{}';
 BEGIN
+    -- Each row's fence is drawn as that row is inserted, never ahead of
+    -- an insert that may wait on another transaction (a fence drawn early
+    -- could be stored after a larger one handed out meanwhile). An
+    -- inserted row belongs to the first call for its id: a later one
+    -- conflicts with it, or, had the first conflicted with a record that
+    -- then vanished, is judged below and finds the row in flight, as
+    -- alone.
     FOR c IN
-        WITH calls AS MATERIALIZED (
-            SELECT u.*, nextval('{s}.idem_fence') AS fence
-              FROM unnest(p_scope, p_operation, p_key, p_fingerprint, p_now, p_lease, p_ttl)
-                   WITH ORDINALITY AS u(scope, operation, key, fingerprint, now, lease, ttl, ord)
-             ORDER BY u.ord
-        ), ins AS (
+        WITH ins AS (
             INSERT INTO {s}.idem_records AS t (scope, operation, key, fingerprint, status, fence,
                                                created_at, lease_until, expires_at)
-            SELECT k.scope, k.operation, k.key, k.fingerprint, 0, k.fence,
-                   k.now, k.now + k.lease, k.now + k.ttl
-              FROM calls AS k ORDER BY k.ord
+            SELECT u.scope, u.operation, u.key, u.fingerprint, 0, nextval('{s}.idem_fence'),
+                   u.now, u.now + u.lease, u.now + u.ttl
+              FROM unnest(p_scope, p_operation, p_key, p_fingerprint, p_now, p_lease, p_ttl)
+                   AS u(scope, operation, key, fingerprint, now, lease, ttl)
             ON CONFLICT DO NOTHING
-            RETURNING t.fence
+            RETURNING t.scope, t.operation, t.key, t.fence, t.created_at, t.lease_until,
+                      t.expires_at
+        ), firsts AS (
+            SELECT k.scope, k.operation, k.key, min(k.ord) AS ord
+              FROM unnest(p_scope, p_operation, p_key) WITH ORDINALITY AS k(scope, operation, key, ord)
+             GROUP BY k.scope, k.operation, k.key
         )
-        SELECT k.ord, k.fence, k.now, k.lease, k.ttl FROM calls AS k JOIN ins ON ins.fence = k.fence
+        SELECT f.ord, ins.fence, ins.created_at, ins.lease_until, ins.expires_at
+          FROM ins JOIN firsts AS f
+            ON f.scope = ins.scope AND f.operation = ins.operation AND f.key = ins.key
     LOOP
         inserted := inserted || c.ord;
-        o_outcome := 0; o_fence := c.fence; o_created_at := c.now;
-        o_lease_until := c.now + c.lease; o_expires_at := c.now + c.ttl; o_status := 0;
+        o_outcome := 0; o_fence := c.fence; o_created_at := c.created_at;
+        o_lease_until := c.lease_until; o_expires_at := c.expires_at; o_status := 0;
         o_resource_id := NULL; o_response_status := NULL; o_response_headers := NULL;
         o_response_body := NULL; o_ord := c.ord;
         RETURN NEXT;
