@@ -110,6 +110,40 @@ fn batched_completions_and_releases_apply_only_under_their_fence() {
     });
 }
 
+/// Waits (30 s at most) until a backend waits on a lock held by the
+/// backend `pid`, or no batch is left to wait for (`done`).
+async fn wait_until_blocked_by(store: &PostgresStore, pid: i32, done: impl Fn() -> bool) -> bool {
+    let watcher = store.pool().get().await.unwrap();
+    let blocked = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        loop {
+            let waiting: i64 = watcher
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))",
+                    &[&pid],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if waiting > 0 {
+                return true;
+            }
+            if done() {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    blocked.expect("neither blocked nor done within 30 s")
+}
+
+async fn wait_for_a_backend_blocked_by(store: &PostgresStore, pid: i32) {
+    assert!(
+        wait_until_blocked_by(store, pid, || false).await,
+        "the batch never waited"
+    );
+}
+
 /// A batch waiting on another transaction's insert of its first key draws
 /// its second key's fence only when it inserts that key. A claim of the
 /// second key that came and went meanwhile (its fence handed out, then
@@ -154,26 +188,12 @@ fn a_waiting_batch_draws_each_fence_when_it_inserts() {
             OnRefusal::Fail,
         ));
         // The batch waits on the held insert.
-        let watcher = store.pool().get().await.unwrap();
-        tokio::time::timeout(std::time::Duration::from_secs(30), async {
-            loop {
-                let waiting: i64 = watcher
-                    .query_one(
-                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
-                         AND query LIKE '%idem_claim_many%'",
-                        &[],
-                    )
-                    .await
-                    .unwrap()
-                    .get(0);
-                if waiting > 0 {
-                    break;
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-            }
-        })
-        .await
-        .expect("the batch never waited on the held insert");
+        let holder_pid: i32 = held
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        wait_for_a_backend_blocked_by(store, holder_pid).await;
         // Meanwhile the second key is claimed alone and released.
         let Ok(Claim::Acquired(meanwhile)) = store.claim(&request(&second, "{}", t0())).await
         else {
@@ -199,5 +219,98 @@ fn a_waiting_batch_draws_each_fence_when_it_inserts() {
             later.fence,
             meanwhile.fence
         );
+    });
+}
+
+/// Two calls for one id with different bodies, the first meeting a record
+/// that vanishes (a purge or release) before the second would be
+/// inserted: an acquired call is always answered with its own record (its
+/// fingerprint, its fence), never with one built from the other call's
+/// request. A trigger holds the second call's insert, should the batch
+/// try it, until the record has been deleted.
+#[test]
+fn a_record_that_vanishes_mid_batch_never_gives_one_call_anothers_record() {
+    let Some(url) = TestPostgres::url() else {
+        return;
+    };
+    rt().block_on(async {
+        let guard = TestPostgres::fresh(&url).await;
+        let store = guard.store();
+        let s = store.schema();
+        let id = unique_id("vanishing-000001");
+        assert!(matches!(
+            store.claim(&request(&id, "{}", t0())).await,
+            Ok(Claim::Acquired(_))
+        ));
+        let calls = vec![
+            request(&id, "{\"call\":1}", t0()),
+            request(&id, "{\"call\":2}", t0()),
+        ];
+        let second: String = calls[1]
+            .fingerprint
+            .as_bytes()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let lock_key: i64 = (0x6964_656d_i64 << 32) | i64::from(std::process::id());
+        let admin = store.pool().get().await.unwrap();
+        admin
+            .batch_execute(&format!(
+                "CREATE FUNCTION {s}.hold_second() RETURNS trigger LANGUAGE plpgsql AS $$ \
+                 BEGIN IF NEW.fingerprint = '\\x{second}'::bytea THEN \
+                 PERFORM pg_advisory_xact_lock_shared({lock_key}); END IF; RETURN NEW; END $$; \
+                 CREATE TRIGGER hold_second BEFORE INSERT ON {s}.idem_records \
+                 FOR EACH ROW EXECUTE FUNCTION {s}.hold_second();"
+            ))
+            .await
+            .unwrap();
+        let gate = store.pool().get().await.unwrap();
+        gate.execute("SELECT pg_advisory_lock($1)", &[&lock_key])
+            .await
+            .unwrap();
+        let gate_pid: i32 = gate
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        let batch = tokio::spawn(batch::claims(
+            store.inner.pool.clone(),
+            store.inner.sql.clone(),
+            calls.clone(),
+            OnRefusal::Fail,
+        ));
+        if wait_until_blocked_by(store, gate_pid, || batch.is_finished()).await {
+            // The batch tried the second call's insert: the record the
+            // first call met vanishes now.
+            admin
+                .execute(
+                    &format!(
+                        "DELETE FROM {s}.idem_records \
+                         WHERE scope = $1 AND operation = $2 AND key = $3"
+                    ),
+                    &[&id.scope.as_str(), &id.operation.as_str(), &id.key.as_str()],
+                )
+                .await
+                .unwrap();
+        }
+        gate.execute("SELECT pg_advisory_unlock($1)", &[&lock_key])
+            .await
+            .unwrap();
+        let answers = batch.await.unwrap();
+        let stored = store.get(&id, t0()).await.unwrap();
+        let mut acquired = 0;
+        for (call, answer) in calls.iter().zip(&answers) {
+            assert!(answer.is_ok(), "{answer:?}");
+            if let Ok(Claim::Acquired(lease)) = answer {
+                acquired += 1;
+                let record = stored.as_ref().expect("an acquired call has a record");
+                assert_eq!(
+                    record.fingerprint, call.fingerprint,
+                    "a call was answered acquired with another call's record"
+                );
+                assert_eq!(record.fence, lease.fence);
+            }
+        }
+        assert!(acquired <= 1, "{answers:?}");
     });
 }

@@ -124,12 +124,13 @@ CREATE TABLE {s}.idem_epoch (
 "#,
     // 5: a batch's claims, completions and releases (`batch.rs`).
     //
-    // Claims: the keys that have no record are inserted by one statement,
-    // in the batch's order (the order of their ids), each with a fence of
-    // its own; every other call (a key with a record, live or not, or the
-    // second of two calls for one key) is then judged by `idem_claim`, in
-    // the batch's order, as it would be alone. Answers `idem_claim`'s
-    // columns and the 1-based position of the call.
+    // Claims, sorted by id (calls for one id together, in arrival order):
+    // the first call of each id whose key has no record is inserted, all
+    // by one statement, in that order, each with a fence of its own; every
+    // other call (a key with a record, live or not, or a later call for
+    // one id) is then judged by `idem_claim`, in the same order, as it
+    // would be alone. Answers `idem_claim`'s columns and the 1-based
+    // position of the call.
     //
     // Completions and releases: one statement per call, each finding its
     // record by the primary key. A join of the batch against the table
@@ -153,13 +154,13 @@ DECLARE
     c record;
     inserted bigint[] := '{}';
 BEGIN
-    -- Each row's fence is drawn as that row is inserted, never ahead of
-    -- an insert that may wait on another transaction (a fence drawn early
-    -- could be stored after a larger one handed out meanwhile). An
-    -- inserted row belongs to the first call for its id: a later one
-    -- conflicts with it, or, had the first conflicted with a record that
-    -- then vanished, is judged below and finds the row in flight, as
-    -- alone.
+    -- Only the first call for each id is tried here (the calls come
+    -- sorted by id, so later ones follow it): a later one inserted after
+    -- the first met a record that then vanished would be answered to the
+    -- first call, with the later call's fingerprint and times. Each row's
+    -- fence is drawn as that row is inserted, never ahead of an insert of
+    -- an earlier row that may wait on another transaction (a fence drawn
+    -- early could be stored after a larger one handed out meanwhile).
     FOR c IN
         WITH ins AS (
             INSERT INTO {s}.idem_records AS t (scope, operation, key, fingerprint, status, fence,
@@ -167,7 +168,10 @@ BEGIN
             SELECT u.scope, u.operation, u.key, u.fingerprint, 0, nextval('{s}.idem_fence'),
                    u.now, u.now + u.lease, u.now + u.ttl
               FROM unnest(p_scope, p_operation, p_key, p_fingerprint, p_now, p_lease, p_ttl)
-                   AS u(scope, operation, key, fingerprint, now, lease, ttl)
+                   WITH ORDINALITY AS u(scope, operation, key, fingerprint, now, lease, ttl, ord)
+             WHERE u.ord = 1
+                OR (u.scope, u.operation, u.key) IS DISTINCT FROM
+                   (p_scope[u.ord - 1], p_operation[u.ord - 1], p_key[u.ord - 1])
             ON CONFLICT DO NOTHING
             RETURNING t.scope, t.operation, t.key, t.fence, t.created_at, t.lease_until,
                       t.expires_at
