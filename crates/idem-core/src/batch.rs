@@ -226,6 +226,41 @@ where
     answers
 }
 
+/// What a store does with the calls of a batch its server refused
+/// (nothing of the batch happened).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnRefusal {
+    /// Sends each again alone, so that a call that poisoned the batch
+    /// fails only itself: what a store does.
+    OneAtATime,
+    /// Fails each, as `Backend`: for checks that must see the batch's own
+    /// answers (the single path gives every call the same answers as a
+    /// working batch, and would hide a broken one).
+    FailAll,
+}
+
+impl OnRefusal {
+    /// The answer to `call` of a batch the server refused, for the store
+    /// called `store`: `alone(call)`, or a failure.
+    pub async fn answer<'c, C, A, Fut>(
+        self,
+        store: &str,
+        call: &'c C,
+        alone: impl FnOnce(&'c C) -> Fut,
+    ) -> Result<A, crate::StoreError>
+    where
+        Fut: Future<Output = Result<A, crate::StoreError>>,
+    {
+        match self {
+            OnRefusal::OneAtATime => alone(call).await,
+            OnRefusal::FailAll => Err(crate::StoreError::new(
+                crate::StoreErrorKind::Backend,
+                format!("{store} store: the server refused the batch"),
+            )),
+        }
+    }
+}
+
 /// `n` copies of one failure: a batch whose outcome is unknown (the
 /// connection failed under it) fails every call in it, closed.
 pub fn all_failed<T>(
@@ -300,6 +335,28 @@ mod tests {
                 .unwrap_or_else(std::sync::PoisonError::into_inner),
             vec![1, 5]
         );
+    }
+
+    /// A refused batch's call goes alone, or fails without going: a check
+    /// run with `FailAll` never sees the single path's answer.
+    #[tokio::test]
+    async fn a_refused_call_goes_alone_or_fails_without_going() {
+        let went = std::sync::atomic::AtomicUsize::new(0);
+        let alone = |n: &u32| {
+            went.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let n = *n;
+            async move { Ok::<u32, crate::StoreError>(n * 10) }
+        };
+        assert_eq!(
+            OnRefusal::OneAtATime.answer("test", &4, alone).await.ok(),
+            Some(40)
+        );
+        let failed = OnRefusal::FailAll.answer("test", &4, alone).await;
+        assert_eq!(
+            failed.err().map(|e| e.kind()),
+            Some(crate::StoreErrorKind::Backend)
+        );
+        assert_eq!(went.load(std::sync::atomic::Ordering::SeqCst), 1);
     }
 
     /// A batch function that answers fewer calls than it was given: the

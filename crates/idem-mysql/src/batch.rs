@@ -35,7 +35,7 @@
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use idem_core::batch::{BatchLost, StoreBatchers, in_id_order, one_by_one};
+use idem_core::batch::{BatchLost, OnRefusal, StoreBatchers, in_id_order, one_by_one};
 use idem_core::{Claim, ClaimRequest, RecordId, Settled, StoreError, StoreErrorKind};
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Row};
@@ -66,9 +66,9 @@ pub(crate) fn spawn(inner: &Arc<Inner>) -> StoreBatchers {
     StoreBatchers::spawn(
         IN_FLIGHT,
         MAX_BATCH,
-        move |calls| claims(i1.clone(), calls),
-        move |calls| completions(i2.clone(), calls),
-        move |calls| releases(i3.clone(), calls),
+        move |calls| claims(i1.clone(), calls, OnRefusal::OneAtATime),
+        move |calls| completions(i2.clone(), calls, OnRefusal::OneAtATime),
+        move |calls| releases(i3.clone(), calls, OnRefusal::OneAtATime),
     )
 }
 
@@ -218,6 +218,7 @@ fn shape_error(what: &str) -> StoreError {
 pub(crate) async fn claims(
     inner: Arc<Inner>,
     calls: Vec<ClaimRequest>,
+    on_refusal: OnRefusal,
 ) -> Vec<Result<Claim, StoreError>> {
     if calls.len() == 1 {
         return one_by_one(&calls, |req| inner.claim_one(req)).await;
@@ -254,6 +255,7 @@ pub(crate) async fn claims(
         "claims",
         |i, row| row::claim_from_row(&calls[i], Some(row)),
         |req| inner.claim_one(req),
+        on_refusal,
     )
     .await
 }
@@ -299,8 +301,9 @@ fn transactions(
 }
 
 /// Runs the transactions, each call's answer read from its one row by
-/// `read`; a refused transaction's calls go again alone, one that met the
-/// connection down fails every call it carried.
+/// `read`; a refused transaction's calls go again alone (or fail, as
+/// `on_refusal` says), one that met the connection down fails every call
+/// it carried.
 async fn batched<'c, C, T, Fut>(
     inner: &Inner,
     calls: &'c [C],
@@ -308,6 +311,7 @@ async fn batched<'c, C, T, Fut>(
     what: &str,
     read: impl Fn(usize, &Row) -> Result<T, StoreError>,
     alone: impl Fn(&'c C) -> Fut,
+    on_refusal: OnRefusal,
 ) -> Vec<Result<T, StoreError>>
 where
     Fut: std::future::Future<Output = Result<T, StoreError>>,
@@ -329,7 +333,7 @@ where
             },
             Sent::Refused => {
                 for &i in &carried {
-                    answers[i] = Some(alone(&calls[i]).await);
+                    answers[i] = Some(on_refusal.answer("mysql", &calls[i], &alone).await);
                 }
             }
             Sent::Down(kind, message) => {
@@ -356,6 +360,7 @@ fn row_count(row: &Row, what: &str) -> Result<Settled, StoreError> {
 pub(crate) async fn completions(
     inner: Arc<Inner>,
     calls: Vec<CompletionCall>,
+    on_refusal: OnRefusal,
 ) -> Vec<Result<Settled, StoreError>> {
     if calls.len() == 1 {
         return one_by_one(&calls, |(id, fence, c)| inner.complete_one(id, *fence, c)).await;
@@ -400,6 +405,7 @@ pub(crate) async fn completions(
         "completions",
         |_, row| row_count(row, "completions"),
         |(id, fence, c)| inner.complete_one(id, *fence, c),
+        on_refusal,
     )
     .await;
     for i in big {
@@ -412,6 +418,7 @@ pub(crate) async fn completions(
 pub(crate) async fn releases(
     inner: Arc<Inner>,
     calls: Vec<ReleaseCall>,
+    on_refusal: OnRefusal,
 ) -> Vec<Result<Settled, StoreError>> {
     if calls.len() == 1 {
         return one_by_one(&calls, |(id, fence)| inner.release_one(id, *fence)).await;
@@ -431,6 +438,7 @@ pub(crate) async fn releases(
         "releases",
         |_, row| row_count(row, "releases"),
         |(id, fence)| inner.release_one(id, *fence),
+        on_refusal,
     )
     .await
 }

@@ -28,7 +28,7 @@
 use std::sync::Arc;
 
 use deadpool_postgres::Pool;
-use idem_core::batch::{BatchLost, StoreBatchers, all_failed, in_id_order, one_by_one};
+use idem_core::batch::{BatchLost, OnRefusal, StoreBatchers, all_failed, in_id_order, one_by_one};
 use idem_core::{Claim, ClaimRequest, Settled, StoreError, StoreErrorKind};
 use tokio_postgres::Row;
 
@@ -63,41 +63,6 @@ pub(crate) fn spawn(pool: &Pool, sql: &Arc<Statements>) -> StoreBatchers {
 /// What a caller whose batch ended without its answer gets.
 pub(crate) fn lost(e: BatchLost) -> StoreError {
     e.into_store_error("postgres")
-}
-
-/// What a batch the server refused does with its calls.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum OnRefusal {
-    /// Sends them again one at a time, so that a poisoned call fails only
-    /// itself (the store).
-    OneAtATime,
-    /// Fails them all (tests that must see the batch's own statement
-    /// answer every call, not the single path standing in for it).
-    #[cfg(test)]
-    Fail,
-}
-
-impl OnRefusal {
-    /// The answers to `calls` after their batch was refused: each call's
-    /// `one` in turn, or each a failure.
-    async fn answer<'c, C, A, Fut>(
-        self,
-        calls: &'c [C],
-        one: impl Fn(&'c C) -> Fut,
-    ) -> Vec<Result<A, StoreError>>
-    where
-        Fut: std::future::Future<Output = Result<A, StoreError>>,
-    {
-        match self {
-            OnRefusal::OneAtATime => one_by_one(calls, one).await,
-            #[cfg(test)]
-            OnRefusal::Fail => all_failed(
-                calls.len(),
-                StoreErrorKind::Backend,
-                "postgres store: the server refused the batch",
-            ),
-        }
-    }
 }
 
 /// How a batch's statement ended.
@@ -225,9 +190,12 @@ pub(crate) async fn claims(
             |_| Err(missing("claim")),
         ),
         Sent::Refused => {
-            on_refusal
-                .answer(&calls, |req| crate::single::claim_one(&pool, &sql, req))
-                .await
+            one_by_one(&calls, |req| {
+                on_refusal.answer("postgres", req, |req| {
+                    crate::single::claim_one(&pool, &sql, req)
+                })
+            })
+            .await
         }
         Sent::Down(kind, message) => all_failed(calls.len(), kind, &message),
     }
@@ -286,11 +254,12 @@ pub(crate) async fn completions(
     match sent {
         Sent::Rows(rows) => settled(&rows, &order),
         Sent::Refused => {
-            on_refusal
-                .answer(&calls, |(id, fence, c)| {
+            one_by_one(&calls, |call| {
+                on_refusal.answer("postgres", call, |(id, fence, c)| {
                     crate::single::complete_one(&pool, &sql, id, *fence, c)
                 })
-                .await
+            })
+            .await
         }
         Sent::Down(kind, message) => all_failed(calls.len(), kind, &message),
     }
@@ -324,11 +293,12 @@ pub(crate) async fn releases(
     match sent {
         Sent::Rows(rows) => settled(&rows, &order),
         Sent::Refused => {
-            on_refusal
-                .answer(&calls, |(id, fence)| {
+            one_by_one(&calls, |call| {
+                on_refusal.answer("postgres", call, |(id, fence)| {
                     crate::single::release_one(&pool, &sql, id, *fence)
                 })
-                .await
+            })
+            .await
         }
         Sent::Down(kind, message) => all_failed(calls.len(), kind, &message),
     }

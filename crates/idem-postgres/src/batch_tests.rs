@@ -10,12 +10,14 @@ use idem_testkit::batches;
 use idem_testkit::{IsolatedBackend, request, t0, unique_id};
 
 use crate::PostgresStore;
-use crate::batch::{self, CompletionCall, OnRefusal, ReleaseCall};
+use idem_core::batch::OnRefusal;
+
+use crate::batch::{self, CompletionCall, ReleaseCall};
 use crate::tests::TestPostgres;
 
 /// The store's batch functions, called directly with a batch of the
 /// check's choosing (the batcher forms its own from whatever arrives).
-/// With `OnRefusal::Fail`, a batch the server refused fails every call,
+/// With `OnRefusal::FailAll`, a batch the server refused fails every call,
 /// so that a check passes only on the batch statement's own answers (the
 /// single path would give the same answers, and hide a broken batch).
 fn claim_batch(
@@ -35,7 +37,7 @@ fn complete_batch(
             pool.clone(),
             sql.clone(),
             calls,
-            OnRefusal::Fail,
+            OnRefusal::FailAll,
         ))
     }
 }
@@ -49,7 +51,7 @@ fn release_batch(
             pool.clone(),
             sql.clone(),
             calls,
-            OnRefusal::Fail,
+            OnRefusal::FailAll,
         ))
     }
 }
@@ -68,7 +70,7 @@ fn a_mixed_batch_answers_each_claim_as_alone() {
         let store = guard.store();
         batches::a_mixed_batch_answers_each_claim_as_alone(
             store,
-            &claim_batch(store, OnRefusal::Fail),
+            &claim_batch(store, OnRefusal::FailAll),
         )
         .await;
     });
@@ -185,7 +187,7 @@ fn a_waiting_batch_draws_each_fence_when_it_inserts() {
             store.inner.pool.clone(),
             store.inner.sql.clone(),
             vec![request(&first, "{}", t0()), request(&second, "{}", t0())],
-            OnRefusal::Fail,
+            OnRefusal::FailAll,
         ));
         // The batch waits on the held insert.
         let holder_pid: i32 = held
@@ -277,7 +279,7 @@ fn a_record_that_vanishes_mid_batch_never_gives_one_call_anothers_record() {
             store.inner.pool.clone(),
             store.inner.sql.clone(),
             calls.clone(),
-            OnRefusal::Fail,
+            OnRefusal::FailAll,
         ));
         if wait_until_blocked_by(store, gate_pid, || batch.is_finished()).await {
             // The batch tried the second call's insert: the record the
