@@ -139,13 +139,6 @@ async fn wait_until_blocked_by(store: &PostgresStore, pid: i32, done: impl Fn() 
     blocked.expect("neither blocked nor done within 30 s")
 }
 
-async fn wait_for_a_backend_blocked_by(store: &PostgresStore, pid: i32) {
-    assert!(
-        wait_until_blocked_by(store, pid, || false).await,
-        "the batch never waited"
-    );
-}
-
 /// A batch waiting on another transaction's insert of its first key draws
 /// its second key's fence only when it inserts that key. A claim of the
 /// second key that came and went meanwhile (its fence handed out, then
@@ -195,7 +188,10 @@ fn a_waiting_batch_draws_each_fence_when_it_inserts() {
             .await
             .unwrap()
             .get(0);
-        wait_for_a_backend_blocked_by(store, holder_pid).await;
+        assert!(
+            wait_until_blocked_by(store, holder_pid, || false).await,
+            "the batch never waited"
+        );
         // Meanwhile the second key is claimed alone and released.
         let Ok(Claim::Acquired(meanwhile)) = store.claim(&request(&second, "{}", t0())).await
         else {
