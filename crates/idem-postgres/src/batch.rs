@@ -37,22 +37,26 @@ use crate::pooled::Pooled;
 use crate::row::{self, millis};
 use crate::schema::Statements;
 
-/// The most batches in flight at once, each on a connection of its own
-/// (two against four: fewer, bigger commits; docs/decisions.md).
-const IN_FLIGHT: usize = 2;
+/// The most batches of each kind in flight at once, each on a connection
+/// of its own, unless the builder says otherwise (two against four:
+/// fewer, bigger commits; docs/decisions.md).
+pub(crate) const IN_FLIGHT: usize = 2;
+/// Batch kinds (claims, completions, releases), each with its own batches
+/// in flight and so its own connections.
+pub(crate) const KINDS: usize = 3;
 /// The most calls in one batch.
 const MAX_BATCH: usize = 256;
 
 pub(crate) use idem_core::batch::{CompletionCall, ReleaseCall};
 
-/// The store's three batchers, sending on `pool` with `sql`. Must run in
-/// a tokio runtime.
-pub(crate) fn spawn(pool: &Pool, sql: &Arc<Statements>) -> StoreBatchers {
+/// The store's three batchers, sending on `pool` with `sql`, at most
+/// `in_flight` batches of each kind at once. Must run in a tokio runtime.
+pub(crate) fn spawn(pool: &Pool, sql: &Arc<Statements>, in_flight: usize) -> StoreBatchers {
     let (p1, s1) = (pool.clone(), sql.clone());
     let (p2, s2) = (pool.clone(), sql.clone());
     let (p3, s3) = (pool.clone(), sql.clone());
     StoreBatchers::spawn(
-        IN_FLIGHT,
+        in_flight,
         MAX_BATCH,
         move |calls| claims(p1.clone(), s1.clone(), calls, OnRefusal::OneAtATime),
         move |calls| completions(p2.clone(), s2.clone(), calls, OnRefusal::OneAtATime),

@@ -23,6 +23,7 @@ pub struct PostgresStoreBuilder {
     url: String,
     schema: String,
     pool_size: usize,
+    batches_in_flight: usize,
     wait: Duration,
     statement_timeout: Duration,
     /// Trusted CA certificates (PEM) instead of the system's roots.
@@ -35,6 +36,7 @@ impl std::fmt::Debug for PostgresStoreBuilder {
         f.debug_struct("PostgresStoreBuilder")
             .field("schema", &self.schema)
             .field("pool_size", &self.pool_size)
+            .field("batches_in_flight", &self.batches_in_flight)
             .field("wait", &self.wait)
             .field("statement_timeout", &self.statement_timeout)
             .field("ca_pem", &self.ca_pem.is_some())
@@ -64,6 +66,7 @@ impl PostgresStoreBuilder {
             url,
             schema: "idem".into(),
             pool_size: 16,
+            batches_in_flight: crate::batch::IN_FLIGHT,
             wait: Duration::from_secs(5),
             statement_timeout: Duration::from_secs(5),
             ca_pem: None,
@@ -80,6 +83,31 @@ impl PostgresStoreBuilder {
     /// The most connections the pool opens. Default 16.
     pub fn pool_size(mut self, n: usize) -> Self {
         self.pool_size = n.max(1);
+        self
+    }
+
+    /// The most batches of each kind (claims, completions, releases) in
+    /// flight at once, each on a connection of its own. Default 2: one
+    /// keeps the server idle while a batch's commit flushes, more make
+    /// batches small and commits many (docs/decisions.md). Stores opened
+    /// per serving thread take a share of it.
+    pub fn batches_in_flight(mut self, n: usize) -> Self {
+        self.batches_in_flight = n.max(1);
+        self
+    }
+
+    /// Makes this one of `threads` instances that share what one instance
+    /// would hold (a gateway's serving threads, each with its own): the
+    /// pool and the batches in flight as set so far, divided between the
+    /// threads and rounded up, keeping at least one batch of each kind and
+    /// a connection beside them for the calls that are not batched.
+    pub fn thread_share(mut self, threads: usize) -> Self {
+        let threads = threads.max(1);
+        self.batches_in_flight = self.batches_in_flight.div_ceil(threads);
+        self.pool_size = self
+            .pool_size
+            .div_ceil(threads)
+            .max(crate::batch::KINDS * self.batches_in_flight + 1);
         self
     }
 
@@ -228,12 +256,50 @@ impl PostgresStoreBuilder {
             inner: Arc::new({
                 let sql = Arc::new(Statements::new(&self.schema));
                 Inner {
-                    batches: crate::batch::spawn(&pool, &sql),
+                    batches: crate::batch::spawn(&pool, &sql, self.batches_in_flight),
                     sql,
                     pool,
                     schema: self.schema,
                 }
             }),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PostgresStore;
+    use crate::batch::KINDS;
+
+    fn shared(threads: usize) -> (usize, usize) {
+        let b = PostgresStore::builder("postgres://u@h/db").thread_share(threads);
+        (b.pool_size, b.batches_in_flight)
+    }
+
+    #[test]
+    fn one_thread_keeps_the_whole_and_more_threads_divide_it() {
+        assert_eq!(shared(1), (16, 2));
+        assert_eq!(shared(0), (16, 2));
+        assert_eq!(shared(2), (8, 1));
+        assert_eq!(shared(3), (6, 1));
+        let set = PostgresStore::builder("postgres://u@h/db")
+            .pool_size(40)
+            .batches_in_flight(4)
+            .thread_share(4);
+        assert_eq!((set.pool_size, set.batches_in_flight), (10, 1));
+    }
+
+    #[test]
+    fn every_share_keeps_a_batch_of_each_kind_and_a_connection_beside() {
+        for threads in 1..=1024 {
+            let (pool, in_flight) = shared(threads);
+            assert!(in_flight >= 1, "{threads}: {in_flight}");
+            assert!(pool > KINDS * in_flight, "{threads}: {pool} {in_flight}");
+            // All threads together: the whole, or that floor each.
+            assert!(
+                pool * threads <= (16 + threads).max((KINDS + 1) * threads),
+                "{threads}: {pool}"
+            );
+        }
     }
 }

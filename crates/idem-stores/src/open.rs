@@ -51,11 +51,7 @@ impl StoreUrl {
             }
             #[cfg(feature = "postgres")]
             StoreUrl::Postgres(url) => Arc::new(
-                ca_pem
-                    .into_iter()
-                    .fold(idem_postgres::PostgresStore::builder(url), |b, ca| {
-                        b.ca_pem(ca.to_vec())
-                    })
+                postgres(url, ca_pem)
                     .connect()
                     .await
                     .map_err(|source| self.unreachable(source))?,
@@ -81,6 +77,33 @@ impl StoreUrl {
         })
     }
 
+    /// Opens the instance of one of `threads` serving threads that each
+    /// open their own ([`StoreUrl::connection_per_thread`]). A PostgreSQL
+    /// instance gets its share of the connections and batches one
+    /// instance would have (`PostgresStoreBuilder::thread_share`), so that
+    /// a gateway holds about as many connections with its threads as
+    /// without; any other store opens as [`StoreUrl::open`] opens it.
+    pub async fn open_for_thread(
+        &self,
+        ca_pem: Option<&[u8]>,
+        threads: usize,
+    ) -> Result<Arc<dyn Store>, OpenError> {
+        match self {
+            #[cfg(feature = "postgres")]
+            StoreUrl::Postgres(url) => Ok(Arc::new(
+                postgres(url, ca_pem)
+                    .thread_share(threads)
+                    .connect()
+                    .await
+                    .map_err(|source| self.unreachable(source))?,
+            )),
+            _ => {
+                let _ = threads;
+                self.open(ca_pem).await
+            }
+        }
+    }
+
     #[cfg(any(feature = "postgres", feature = "redis", feature = "mysql"))]
     fn unreachable(&self, source: StoreError) -> OpenError {
         OpenError::Unreachable {
@@ -88,4 +111,14 @@ impl StoreUrl {
             source,
         }
     }
+}
+
+/// The PostgreSQL builder for `url`, trusting `ca_pem` if given.
+#[cfg(feature = "postgres")]
+fn postgres(url: &str, ca_pem: Option<&[u8]>) -> idem_postgres::PostgresStoreBuilder {
+    ca_pem
+        .into_iter()
+        .fold(idem_postgres::PostgresStore::builder(url), |b, ca| {
+            b.ca_pem(ca.to_vec())
+        })
 }

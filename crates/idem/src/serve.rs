@@ -50,13 +50,14 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
         [one] => ScopeSource::Header(one.clone()),
         many => ScopeSource::Headers(many.to_vec()),
     };
-    // Redis: an instance per serving thread, each opened by its thread.
+    // Redis and PostgreSQL: an instance per serving thread, each opened by
+    // its thread (PostgreSQL's with its share of the pool).
     let thread_stores = cfg.store.connection_per_thread().then(|| {
-        let (url, ca) = (cfg.store.clone(), cfg.store_ca.clone());
+        let (url, ca, threads) = (cfg.store.clone(), cfg.store_ca.clone(), cfg.threads);
         let open: idem_gateway::OpenStore = Arc::new(move || {
             let (url, ca) = (url.clone(), ca.clone());
             Box::pin(async move {
-                url.open(ca.as_ref().map(CaFile::pem))
+                url.open_for_thread(ca.as_ref().map(CaFile::pem), threads)
                     .await
                     .map_err(Into::into)
             })
