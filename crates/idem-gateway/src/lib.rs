@@ -62,9 +62,9 @@
 //!    first client, and a retry learns that the request ran (and where
 //!    to read its record), not what it answered.
 //!
-//! With a store whose connection is one multiplexed socket (Redis),
-//! [`ThreadStores`] gives each serving thread its own instance, opened on
-//! that thread.
+//! With a store whose connections are driven by tasks (Redis's one
+//! multiplexed socket, PostgreSQL's pool and batches), [`ThreadStores`]
+//! gives each serving thread its own instance, opened on that thread.
 
 mod accept;
 mod error;
@@ -227,7 +227,10 @@ impl<A: Accept> Gateway<A> {
     /// opened on that thread before it serves. `stores` must be the store
     /// the layer was built with, made for this gateway's number of
     /// threads: [`Gateway::start`] refuses stores made for another
-    /// ([`Error::ThreadStores`]).
+    /// ([`Error::ThreadStores`]). One set of stores serves one gateway:
+    /// an instance's tasks run on its thread's runtime and end with it,
+    /// and a second gateway given the same set would keep the first's
+    /// instances (each thread's is set once), whose calls then fail closed.
     pub fn thread_stores(mut self, stores: Arc<ThreadStores>) -> Gateway<A> {
         self.thread_stores = Some(stores);
         self

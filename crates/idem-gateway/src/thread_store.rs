@@ -1,8 +1,10 @@
 //! A store opened once per serving thread, for the network stores whose
-//! connection is one multiplexed socket driven by a task (Redis): that
-//! task then runs on the thread whose requests use it, so a store call
-//! does not wake a thread of the main runtime and wait for it to wake the
-//! serving thread back (docs/benchmarks-history.md, "A thread per CPU").
+//! connections are driven by tasks (Redis's one multiplexed socket,
+//! PostgreSQL's pool and batches): those tasks then run on the thread
+//! whose requests use them, so a store call does not wake a thread of the
+//! main runtime and wait for it to wake the serving thread back
+//! (docs/benchmarks-history.md, "A thread per CPU"; docs/decisions.md,
+//! "A PostgreSQL instance per serving thread").
 //!
 //! Every instance talks to the same server, so they hold the same
 //! records; only the connection differs. Calls from any other thread (the

@@ -41,6 +41,8 @@ use crate::schema::Statements;
 /// of its own, unless the builder says otherwise (two against four:
 /// fewer, bigger commits; docs/decisions.md).
 pub(crate) const IN_FLIGHT: usize = 2;
+/// The most batches of each kind the builder allows in flight.
+pub(crate) const MOST_IN_FLIGHT: usize = 64;
 /// Batch kinds (claims, completions, releases), each with its own batches
 /// in flight and so its own connections.
 pub(crate) const KINDS: usize = 3;

@@ -24,6 +24,7 @@ pub struct PostgresStoreBuilder {
     schema: String,
     pool_size: usize,
     batches_in_flight: usize,
+    migrate: bool,
     wait: Duration,
     statement_timeout: Duration,
     /// Trusted CA certificates (PEM) instead of the system's roots.
@@ -37,6 +38,7 @@ impl std::fmt::Debug for PostgresStoreBuilder {
             .field("schema", &self.schema)
             .field("pool_size", &self.pool_size)
             .field("batches_in_flight", &self.batches_in_flight)
+            .field("migrate", &self.migrate)
             .field("wait", &self.wait)
             .field("statement_timeout", &self.statement_timeout)
             .field("ca_pem", &self.ca_pem.is_some())
@@ -59,6 +61,12 @@ impl PostgresStore {
     }
 }
 
+/// The smallest pool that keeps `in_flight` batches of each kind and one
+/// connection beside them.
+fn smallest_pool(in_flight: usize) -> usize {
+    crate::batch::KINDS * in_flight + 1
+}
+
 impl PostgresStoreBuilder {
     /// The default options for `url`.
     pub(crate) fn new(url: String) -> PostgresStoreBuilder {
@@ -67,6 +75,7 @@ impl PostgresStoreBuilder {
             schema: "idem".into(),
             pool_size: 16,
             batches_in_flight: crate::batch::IN_FLIGHT,
+            migrate: true,
             wait: Duration::from_secs(5),
             statement_timeout: Duration::from_secs(5),
             ca_pem: None,
@@ -87,27 +96,55 @@ impl PostgresStoreBuilder {
     }
 
     /// The most batches of each kind (claims, completions, releases) in
-    /// flight at once, each on a connection of its own. Default 2: one
-    /// keeps the server idle while a batch's commit flushes, more make
-    /// batches small and commits many (docs/decisions.md). Stores opened
-    /// per serving thread take a share of it.
+    /// flight at once, each on a connection of its own, from 1 to 64.
+    /// Default 2: one keeps the server idle while a batch's commit
+    /// flushes, more make batches small and commits many
+    /// (docs/decisions.md). Stores opened per serving thread take a share
+    /// of it ([`thread_share`](Self::thread_share)).
     pub fn batches_in_flight(mut self, n: usize) -> Self {
-        self.batches_in_flight = n.max(1);
+        self.batches_in_flight = n.clamp(1, crate::batch::MOST_IN_FLIGHT);
         self
     }
 
     /// Makes this one of `threads` instances that share what one instance
     /// would hold (a gateway's serving threads, each with its own): the
-    /// pool and the batches in flight as set so far, divided between the
-    /// threads and rounded up, keeping at least one batch of each kind and
-    /// a connection beside them for the calls that are not batched.
+    /// pool and the batches in flight as set so far (call it after
+    /// [`pool_size`](Self::pool_size) and
+    /// [`batches_in_flight`](Self::batches_in_flight)), divided between
+    /// the threads and rounded up, with no more batches than the share of
+    /// the pool has connections for beside one for the calls that are not
+    /// batched. A share keeps at least one batch of each kind and that one
+    /// connection, so the shares of more than
+    /// [`most_thread_shares`](Self::most_thread_shares) threads together
+    /// hold more than the pool. One thread (or 0) changes nothing.
     pub fn thread_share(mut self, threads: usize) -> Self {
-        let threads = threads.max(1);
-        self.batches_in_flight = self.batches_in_flight.div_ceil(threads);
-        self.pool_size = self
-            .pool_size
+        if threads <= 1 {
+            return self;
+        }
+        let pool = self.pool_size.div_ceil(threads);
+        self.batches_in_flight = self
+            .batches_in_flight
             .div_ceil(threads)
-            .max(crate::batch::KINDS * self.batches_in_flight + 1);
+            .min(pool.saturating_sub(1) / crate::batch::KINDS)
+            .max(1);
+        self.pool_size = pool.max(smallest_pool(self.batches_in_flight));
+        self
+    }
+
+    /// The most threads whose [`thread_share`](Self::thread_share)s
+    /// together hold no more than the pool (rounding aside): 4 with the
+    /// default pool of 16.
+    pub fn most_thread_shares(&self) -> usize {
+        (self.pool_size / smallest_pool(1)).max(1)
+    }
+
+    /// Whether [`connect`](Self::connect) creates or migrates the schema
+    /// (the default). Without, it only checks that the schema is at this
+    /// code's version, and fails otherwise: for instances opened beside one
+    /// that migrated (a gateway's serving threads), which then neither take
+    /// the migration lock nor hold a connection waiting for it.
+    pub fn migrate(mut self, migrate: bool) -> Self {
+        self.migrate = migrate;
         self
     }
 
@@ -242,16 +279,20 @@ impl PostgresStoreBuilder {
                 .with_source(e)
             })?;
         let mut client = pool.get().await.map_err(pool_error)?;
-        // Migrations may wait for another instance's migration lock and
-        // build indexes: no statement timeout for them, on a connection
-        // that is then closed rather than returned to the pool.
-        client
-            .batch_execute("SET statement_timeout = 0")
-            .await
-            .map_err(|e| pg_error("preparing the migration", e))?;
-        let migrated = schema::migrate(&mut client, &self.schema).await;
-        drop(Object::take(client));
-        migrated?;
+        if self.migrate {
+            // Migrations may wait for another instance's migration lock and
+            // build indexes: no statement timeout for them, on a connection
+            // that is then closed rather than returned to the pool.
+            client
+                .batch_execute("SET statement_timeout = 0")
+                .await
+                .map_err(|e| pg_error("preparing the migration", e))?;
+            let migrated = schema::migrate(&mut client, &self.schema).await;
+            drop(Object::take(client));
+            migrated?;
+        } else {
+            schema::check_version(&client, &self.schema).await?;
+        }
         Ok(PostgresStore {
             inner: Arc::new({
                 let sql = Arc::new(Statements::new(&self.schema));
@@ -282,24 +323,78 @@ mod tests {
         assert_eq!(shared(0), (16, 2));
         assert_eq!(shared(2), (8, 1));
         assert_eq!(shared(3), (6, 1));
+        assert_eq!(shared(4), (4, 1));
         let set = PostgresStore::builder("postgres://u@h/db")
             .pool_size(40)
             .batches_in_flight(4)
             .thread_share(4);
         assert_eq!((set.pool_size, set.batches_in_flight), (10, 1));
+        // Batches no more than the share's connections allow.
+        let many = PostgresStore::builder("postgres://u@h/db")
+            .batches_in_flight(8)
+            .thread_share(2);
+        assert_eq!((many.pool_size, many.batches_in_flight), (8, 2));
+        // One thread keeps what was set, even a pool smaller than its batches.
+        let small = PostgresStore::builder("postgres://u@h/db")
+            .pool_size(2)
+            .thread_share(1);
+        assert_eq!((small.pool_size, small.batches_in_flight), (2, 2));
     }
 
     #[test]
     fn every_share_keeps_a_batch_of_each_kind_and_a_connection_beside() {
-        for threads in 1..=1024 {
+        for threads in 2..=1024 {
             let (pool, in_flight) = shared(threads);
             assert!(in_flight >= 1, "{threads}: {in_flight}");
             assert!(pool > KINDS * in_flight, "{threads}: {pool} {in_flight}");
-            // All threads together: the whole, or that floor each.
-            assert!(
-                pool * threads <= (16 + threads).max((KINDS + 1) * threads),
-                "{threads}: {pool}"
-            );
         }
+    }
+
+    #[test]
+    fn up_to_the_most_shares_the_threads_hold_no_more_than_the_pool() {
+        for pool_size in 1..=64 {
+            let whole = PostgresStore::builder("postgres://u@h/db").pool_size(pool_size);
+            let most = whole.most_thread_shares();
+            assert!(most >= 1);
+            for (threads, in_flight) in (1..=most).flat_map(|t| (1..=8).map(move |b| (t, b))) {
+                let share = whole
+                    .clone()
+                    .batches_in_flight(in_flight)
+                    .thread_share(threads);
+                // Rounding up gives each thread at most one more.
+                assert!(
+                    share.pool_size * threads <= pool_size.max(KINDS + 1) + threads,
+                    "{pool_size} / {threads} ({in_flight} batches): {}",
+                    share.pool_size
+                );
+            }
+            if pool_size >= 2 * (KINDS + 1) {
+                // One thread more would hold more than the pool.
+                let over = whole.clone().thread_share(most + 1);
+                assert!(over.pool_size * (most + 1) > pool_size, "{pool_size}");
+            }
+        }
+        assert_eq!(
+            PostgresStore::builder("postgres://u@h/db").most_thread_shares(),
+            4
+        );
+    }
+
+    #[test]
+    fn batches_in_flight_stay_between_one_and_the_most() {
+        let b = |n| {
+            PostgresStore::builder("postgres://u@h/db")
+                .batches_in_flight(n)
+                .batches_in_flight
+        };
+        assert_eq!(b(0), 1);
+        assert_eq!(b(3), 3);
+        assert_eq!(b(usize::MAX), crate::batch::MOST_IN_FLIGHT);
+        // And a share of the most still fits a pool without overflow.
+        let big = PostgresStore::builder("postgres://u@h/db")
+            .pool_size(usize::MAX)
+            .batches_in_flight(usize::MAX)
+            .thread_share(1);
+        assert_eq!(big.batches_in_flight, crate::batch::MOST_IN_FLIGHT);
     }
 }

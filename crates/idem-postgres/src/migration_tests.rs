@@ -165,3 +165,68 @@ fn a_version_3_schema_gets_its_epoch_table_on_connect() {
         assert_eq!(version, schema::VERSION);
     });
 }
+
+/// An instance that does not migrate (a gateway's serving thread) opens a
+/// schema at this code's version, and refuses one that is missing, older
+/// or newer, without taking the migration lock.
+#[test]
+fn an_instance_that_does_not_migrate_checks_the_version_only() {
+    let Some(url) = TestPostgres::url() else {
+        return;
+    };
+    rt().block_on(async {
+        let schema = unique_name("nm");
+        let open = || {
+            PostgresStore::builder(url.clone())
+                .schema(schema.clone())
+                .pool_size(2)
+                .migrate(false)
+                .connect()
+        };
+        let missing = open().await.expect_err("no schema yet");
+        assert_eq!(missing.kind(), idem_core::StoreErrorKind::Backend);
+        assert!(missing.to_string().contains("schema version"), "{missing}");
+        let main = PostgresStore::builder(url.clone())
+            .schema(schema.clone())
+            .pool_size(2)
+            .connect()
+            .await
+            .unwrap();
+        // Another instance holding the migration lock does not hold it up.
+        let mut holder = main.pool().get().await.unwrap();
+        let lock = holder.transaction().await.unwrap();
+        lock.execute(
+            "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+            &[&0x6964_656d_i32, &schema],
+        )
+        .await
+        .unwrap();
+        // A bound, not a wait: an instance that took the lock would hang.
+        let thread = tokio::time::timeout(std::time::Duration::from_secs(20), open())
+            .await
+            .expect("the instance did not wait for the migration lock")
+            .expect("a schema at this version opens");
+        let id = unique_id("nm");
+        assert!(matches!(
+            thread.claim(&request(&id, "a", t0())).await.unwrap(),
+            Claim::Acquired { .. }
+        ));
+        lock.rollback().await.unwrap();
+        // Older and newer versions are refused.
+        let versions = format!("{schema}.idem_migrations");
+        let older = format!("DELETE FROM {versions} WHERE version = {}", schema::VERSION);
+        let newer = format!(
+            "INSERT INTO {versions} (version) VALUES ({}), ({})",
+            schema::VERSION,
+            schema::VERSION + 1
+        );
+        for (change, says) in [(older, "older"), (newer, "newer")] {
+            holder.batch_execute(&change).await.unwrap();
+            let e = open().await.expect_err("another version is refused");
+            assert_eq!(e.kind(), idem_core::StoreErrorKind::Setup, "{e}");
+            assert!(e.to_string().contains(says), "{e}");
+        }
+        drop(holder);
+        main.drop_schema().await.unwrap();
+    });
+}

@@ -304,12 +304,7 @@ pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<(), Sto
         .map_err(|e| pg_error("reading the schema version", e))?
         .get(0);
     if current > VERSION {
-        return Err(StoreError::new(
-            idem_core::StoreErrorKind::Setup,
-            format!(
-                "postgres store: schema {schema} is at version {current}, newer than this idem ({VERSION})"
-            ),
-        ));
+        return Err(newer(schema, current));
     }
     for (i, sql) in MIGRATIONS.iter().enumerate().skip(current as usize) {
         let version = i as i32 + 1;
@@ -326,6 +321,40 @@ pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<(), Sto
     tx.commit()
         .await
         .map_err(|e| pg_error("committing the migration", e))
+}
+
+/// Checks, without the migration lock, that `schema` is at this code's
+/// version: for an instance opened beside one that migrated it (a
+/// gateway's serving threads).
+pub(crate) async fn check_version(client: &Client, schema: &str) -> Result<(), StoreError> {
+    let current: i32 = client
+        .query_one(
+            &format!("SELECT coalesce(max(version), 0) FROM {schema}.idem_migrations"),
+            &[],
+        )
+        .await
+        .map_err(|e| pg_error("reading the schema version", e))?
+        .get(0);
+    match current {
+        VERSION => Ok(()),
+        newer_one if newer_one > VERSION => Err(newer(schema, current)),
+        _ => Err(StoreError::new(
+            idem_core::StoreErrorKind::Setup,
+            format!(
+                "postgres store: schema {schema} is at version {current}, older than this idem ({VERSION}), and this instance does not migrate"
+            ),
+        )),
+    }
+}
+
+/// A schema migrated by a newer idem than this one.
+fn newer(schema: &str, current: i32) -> StoreError {
+    StoreError::new(
+        idem_core::StoreErrorKind::Setup,
+        format!(
+            "postgres store: schema {schema} is at version {current}, newer than this idem ({VERSION})"
+        ),
+    )
 }
 
 /// The text of every statement the store runs, with the schema name in it.

@@ -78,11 +78,14 @@ impl StoreUrl {
     }
 
     /// Opens the instance of one of `threads` serving threads that each
-    /// open their own ([`StoreUrl::connection_per_thread`]). A PostgreSQL
-    /// instance gets its share of the connections and batches one
-    /// instance would have (`PostgresStoreBuilder::thread_share`), so that
-    /// a gateway holds about as many connections with its threads as
-    /// without; any other store opens as [`StoreUrl::open`] opens it.
+    /// open their own ([`StoreUrl::connection_per_thread`]), after the
+    /// gateway's main instance was opened with [`StoreUrl::open`]. A
+    /// PostgreSQL instance gets its share of the connections and batches
+    /// one instance would have (`PostgresStoreBuilder::thread_share`), so
+    /// that the threads together hold about as many connections as one
+    /// instance, and does not migrate: it checks that the main instance
+    /// left the schema at this code's version. Any other store opens as
+    /// [`StoreUrl::open`] opens it.
     pub async fn open_for_thread(
         &self,
         ca_pem: Option<&[u8]>,
@@ -93,6 +96,7 @@ impl StoreUrl {
             StoreUrl::Postgres(url) => Ok(Arc::new(
                 postgres(url, ca_pem)
                     .thread_share(threads)
+                    .migrate(false)
                     .connect()
                     .await
                     .map_err(|source| self.unreachable(source))?,

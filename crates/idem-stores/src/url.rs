@@ -133,22 +133,28 @@ impl fmt::Display for StoreUrl {
 }
 
 impl StoreUrl {
-    /// Whether a gateway should open one instance of the store per serving
-    /// thread (idem-gateway's `ThreadStores`, opened with
-    /// [`StoreUrl::open_for_thread`]), so that the tasks driving its
-    /// connections run on the thread whose requests they carry: Redis,
-    /// whose connection is one multiplexed socket driven by a task, and
-    /// PostgreSQL, whose batches and connections are tasks too (each
-    /// thread's instance takes a share of the pool and of the batches in
-    /// flight). Not MySQL (measured without a gain; docs/decisions.md),
-    /// nor the memory store or SQLite (an instance is the data, or its
-    /// writer).
-    pub fn connection_per_thread(&self) -> bool {
+    /// Whether a gateway with `threads` serving threads should open one
+    /// instance of the store per thread (idem-gateway's `ThreadStores`,
+    /// opened with [`StoreUrl::open_for_thread`]), so that the tasks
+    /// driving its connections run on the thread whose requests they
+    /// carry:
+    /// - Redis, whose connection is one multiplexed socket driven by a
+    ///   task;
+    /// - PostgreSQL, whose batches and connections are tasks too, up to
+    ///   the threads that can share one pool (4 for the pool of 16:
+    ///   `PostgresStoreBuilder::most_thread_shares`); more would hold more
+    ///   connections than one instance, and keep one instance.
+    ///
+    /// Not MySQL (measured without a gain; docs/decisions.md), nor the
+    /// memory store or SQLite (an instance is the data, or its writer).
+    pub fn connection_per_thread(&self, threads: usize) -> bool {
         match self {
             #[cfg(feature = "redis")]
             StoreUrl::Redis(_) => true,
             #[cfg(feature = "postgres")]
-            StoreUrl::Postgres(_) => true,
+            StoreUrl::Postgres(url) => {
+                threads <= idem_postgres::PostgresStore::builder(url.as_str()).most_thread_shares()
+            }
             _ => false,
         }
     }
@@ -249,17 +255,21 @@ mod tests {
     #[cfg(all(feature = "postgres", feature = "redis", feature = "mysql"))]
     #[test]
     fn only_network_stores_take_a_ca_and_redis_and_postgres_open_per_thread() {
+        // (url, TLS, per thread with 2 threads, per thread with 5)
         let kinds = [
-            ("memory:", false, false),
-            ("sqlite:x.db", false, false),
-            ("postgres://h/db", true, true),
-            ("redis://h", true, true),
-            ("mysql://h/db", false, false),
+            ("memory:", false, false, false),
+            ("sqlite:x.db", false, false, false),
+            ("postgres://h/db", true, true, false),
+            ("redis://h", true, true, true),
+            ("mysql://h/db", false, false, false),
         ];
-        for (url, tls, per_thread) in kinds {
+        for (url, tls, two, five) in kinds {
             let url: StoreUrl = url.parse().unwrap();
             assert_eq!(url.speaks_tls(), tls, "{url}");
-            assert_eq!(url.connection_per_thread(), per_thread, "{url}");
+            assert_eq!(url.connection_per_thread(2), two, "{url}");
+            assert_eq!(url.connection_per_thread(5), five, "{url}");
         }
+        let pg: StoreUrl = "postgres://h/db".parse().unwrap();
+        assert!(pg.connection_per_thread(4));
     }
 }

@@ -50,9 +50,10 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
         [one] => ScopeSource::Header(one.clone()),
         many => ScopeSource::Headers(many.to_vec()),
     };
-    // Redis and PostgreSQL: an instance per serving thread, each opened by
-    // its thread (PostgreSQL's with its share of the pool).
-    let thread_stores = cfg.store.connection_per_thread().then(|| {
+    // Redis, and PostgreSQL up to 4 threads: an instance per serving
+    // thread, each opened by its thread (PostgreSQL's with its share of
+    // the pool).
+    let thread_stores = cfg.store.connection_per_thread(cfg.threads).then(|| {
         let (url, ca, threads) = (cfg.store.clone(), cfg.store_ca.clone(), cfg.threads);
         let open: idem_gateway::OpenStore = Arc::new(move || {
             let (url, ca) = (url.clone(), ca.clone());

@@ -423,20 +423,37 @@ async fn a_client_that_times_out_retries_into_409_then_the_stored_answer() {
 /// comes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_in_flight_requests_on_every_thread_and_exits_zero() {
+    sigterm_drains_every_thread("memory:", "mem").await;
+}
+
+/// The same on PostgreSQL, whose instance per serving thread runs its
+/// batches on that thread's runtime: every completion is stored before
+/// the runtimes end (the records read back completed afterwards).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_every_thread_and_stores_every_completion_on_postgres() {
+    let Some(url) = idem_testkit::backend_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL") else {
+        return;
+    };
+    let keys = sigterm_drains_every_thread(&url, "pg").await;
+    for k in &keys {
+        let (code, out, err) = idem(&["records", "get", k, "--store", &url]);
+        assert_eq!(code, 0, "{k}: {err}");
+        assert!(out.contains("\"completed\""), "{k}: {out}");
+    }
+}
+
+/// Eight keyed requests in flight on four serving threads when SIGTERM
+/// comes: each answers 201 and the gateway exits 0. Returns the keys.
+async fn sigterm_drains_every_thread(store: &str, tag: &str) -> Vec<String> {
     let (_up, up) = upstream();
-    let g = gateway(
-        &up,
-        "memory:",
-        &["--shutdown-grace", "20s", "--threads", "4"],
-    )
-    .await;
+    let g = gateway(&up, store, &["--shutdown-grace", "20s", "--threads", "4"]).await;
     let serving = std::fs::read_dir(format!("/proc/{}/task", g.proc.child.id()))
         .unwrap()
         .filter_map(|t| std::fs::read_to_string(t.unwrap().path().join("comm")).ok())
         .filter(|name| name.starts_with("idem-serve-"))
         .count();
     assert_eq!(serving, 4, "one thread per --threads");
-    let keys: Vec<String> = (0..8).map(|i| key(&format!("drain-{i}"))).collect();
+    let keys: Vec<String> = (0..8).map(|i| key(&format!("drain-{tag}-{i}"))).collect();
     let running: Vec<_> = keys
         .iter()
         .map(|k| {
@@ -469,6 +486,7 @@ async fn sigterm_drains_in_flight_requests_on_every_thread_and_exits_zero() {
         );
     }
     assert_eq!(exit_code(g).await, Some(0));
+    keys
 }
 
 /// The serving threads' open connections, from the admin listener's
