@@ -131,6 +131,16 @@ impl PostgresStoreBuilder {
         self
     }
 
+    /// The least a share keeps: one batch of each kind in flight and one
+    /// connection beside them. For an instance beside per-thread ones that
+    /// serves few calls (a gateway's start-up, sweeper and admin
+    /// listener).
+    pub fn smallest_share(mut self) -> Self {
+        self.batches_in_flight = 1;
+        self.pool_size = smallest_pool(1);
+        self
+    }
+
     /// The most threads whose [`thread_share`](Self::thread_share)s
     /// together hold no more than the pool (rounding aside): 4 with the
     /// default pool of 16.
@@ -235,7 +245,8 @@ impl PostgresStoreBuilder {
         Ok((config, connector))
     }
 
-    /// Connects, then creates or migrates the schema.
+    /// Connects, then creates or migrates the schema (with
+    /// [`migrate(false)`](Self::migrate), checks its version instead).
     ///
     /// Claims, completions and releases of concurrent calls are sent in
     /// batches by tasks spawned here, on the calling tokio runtime: keep
@@ -243,8 +254,9 @@ impl PostgresStoreBuilder {
     /// other runtimes are fine).
     ///
     /// # Errors
-    /// [`StoreErrorKind::Setup`] for a bad URL or schema name, or a schema
-    /// newer than this code; [`StoreErrorKind::Unavailable`] when the server
+    /// [`StoreErrorKind::Setup`] for a bad URL or schema name, a schema
+    /// newer than this code, or, without migration, a schema that is
+    /// missing or older; [`StoreErrorKind::Unavailable`] when the server
     /// does not answer.
     pub async fn connect(self) -> Result<PostgresStore, StoreError> {
         let (config, tls) = self.parsed()?;
@@ -394,7 +406,10 @@ mod tests {
         let big = PostgresStore::builder("postgres://u@h/db")
             .pool_size(usize::MAX)
             .batches_in_flight(usize::MAX)
-            .thread_share(1);
-        assert_eq!(big.batches_in_flight, crate::batch::MOST_IN_FLIGHT);
+            .thread_share(2);
+        assert_eq!(big.batches_in_flight, crate::batch::MOST_IN_FLIGHT / 2);
+        assert_eq!(big.pool_size, usize::MAX.div_ceil(2));
+        let least = PostgresStore::builder("postgres://u@h/db").smallest_share();
+        assert_eq!((least.pool_size, least.batches_in_flight), (KINDS + 1, 1));
     }
 }

@@ -23,7 +23,8 @@
 //!   the record, decides by docs/contract.md, *Records and their state machine*, and writes, atomically.
 //! - The schema (default `idem`) is created and migrated on connect, under
 //!   an advisory lock, so instances that start together are safe. A schema
-//!   newer than this code is refused.
+//!   newer than this code is refused. An instance built with
+//!   `migrate(false)` only checks that the schema is at this code's version.
 //! - Fences come from one sequence, so they grow across every claim.
 //! - Layout: one table, `idem_records`, keyed by (scope, operation, key),
 //!   with indexes on `expires_at` (purge), on the lease end of in-progress

@@ -184,8 +184,11 @@ fn an_instance_that_does_not_migrate_checks_the_version_only() {
                 .connect()
         };
         let missing = open().await.expect_err("no schema yet");
-        assert_eq!(missing.kind(), idem_core::StoreErrorKind::Backend);
-        assert!(missing.to_string().contains("schema version"), "{missing}");
+        assert_eq!(missing.kind(), idem_core::StoreErrorKind::Setup);
+        assert!(
+            missing.to_string().contains("not been created"),
+            "{missing}"
+        );
         let main = PostgresStore::builder(url.clone())
             .schema(schema.clone())
             .pool_size(2)

@@ -7,6 +7,7 @@
 
 use deadpool_postgres::Client;
 use idem_core::StoreError;
+use tokio_postgres::error::SqlState;
 
 use crate::error::pg_error;
 use crate::row::COLUMNS;
@@ -333,7 +334,19 @@ pub(crate) async fn check_version(client: &Client, schema: &str) -> Result<(), S
             &[],
         )
         .await
-        .map_err(|e| pg_error("reading the schema version", e))?
+        .map_err(|e| match e.code() {
+            // No such schema or table: nothing migrated it yet.
+            Some(c) if *c == SqlState::UNDEFINED_TABLE || *c == SqlState::INVALID_SCHEMA_NAME => {
+                StoreError::new(
+                    idem_core::StoreErrorKind::Setup,
+                    format!(
+                        "postgres store: schema {schema} has not been created, and this instance does not migrate"
+                    ),
+                )
+                .with_source(e)
+            }
+            _ => pg_error("reading the schema version", e),
+        })?
         .get(0);
     match current {
         VERSION => Ok(()),

@@ -77,9 +77,33 @@ impl StoreUrl {
         })
     }
 
+    /// Opens the main instance of a gateway with `threads` serving threads:
+    /// the one that migrates, and that start-up, the sweeper and the admin
+    /// listener use. Beside per-thread PostgreSQL instances
+    /// ([`StoreUrl::connection_per_thread`]) it keeps the smallest share
+    /// (`PostgresStoreBuilder::smallest_share`: a pool of 4), so that the
+    /// gateway holds about one pool in all; otherwise as [`StoreUrl::open`].
+    pub async fn open_main(
+        &self,
+        ca_pem: Option<&[u8]>,
+        threads: usize,
+    ) -> Result<Arc<dyn Store>, OpenError> {
+        match self {
+            #[cfg(feature = "postgres")]
+            StoreUrl::Postgres(url) if self.connection_per_thread(threads) => Ok(Arc::new(
+                postgres(url, ca_pem)
+                    .smallest_share()
+                    .connect()
+                    .await
+                    .map_err(|source| self.unreachable(source))?,
+            )),
+            _ => self.open(ca_pem).await,
+        }
+    }
+
     /// Opens the instance of one of `threads` serving threads that each
     /// open their own ([`StoreUrl::connection_per_thread`]), after the
-    /// gateway's main instance was opened with [`StoreUrl::open`]. A
+    /// gateway's main instance was opened with [`StoreUrl::open_main`]. A
     /// PostgreSQL instance gets its share of the connections and batches
     /// one instance would have (`PostgresStoreBuilder::thread_share`), so
     /// that the threads together hold about as many connections as one

@@ -29,7 +29,7 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
         .context("cannot install the metrics recorder")?;
     let store = cfg
         .store
-        .open(cfg.store_ca.as_ref().map(CaFile::pem))
+        .open_main(cfg.store_ca.as_ref().map(CaFile::pem), cfg.threads)
         .await?;
     crate::durability::check(
         store.as_ref(),
@@ -50,9 +50,9 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
         [one] => ScopeSource::Header(one.clone()),
         many => ScopeSource::Headers(many.to_vec()),
     };
-    // Redis, and PostgreSQL up to 4 threads: an instance per serving
-    // thread, each opened by its thread (PostgreSQL's with its share of
-    // the pool).
+    // Redis, and PostgreSQL up to the threads that can share its pool: an
+    // instance per serving thread, each opened by its thread (PostgreSQL's
+    // with its share of the pool).
     let thread_stores = cfg.store.connection_per_thread(cfg.threads).then(|| {
         let (url, ca, threads) = (cfg.store.clone(), cfg.store_ca.clone(), cfg.threads);
         let open: idem_gateway::OpenStore = Arc::new(move || {
