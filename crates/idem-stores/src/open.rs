@@ -50,12 +50,7 @@ impl StoreUrl {
                 })?)
             }
             #[cfg(feature = "postgres")]
-            StoreUrl::Postgres(url) => Arc::new(
-                postgres(url, ca_pem)
-                    .connect()
-                    .await
-                    .map_err(|source| self.unreachable(source))?,
-            ),
+            StoreUrl::Postgres(url) => self.connect_postgres(postgres(url, ca_pem)).await?,
             #[cfg(feature = "redis")]
             StoreUrl::Redis(url) => Arc::new(
                 ca_pem
@@ -90,14 +85,14 @@ impl StoreUrl {
     ) -> Result<Arc<dyn Store>, OpenError> {
         match self {
             #[cfg(feature = "postgres")]
-            StoreUrl::Postgres(url) if self.connection_per_thread(threads) => Ok(Arc::new(
-                postgres(url, ca_pem)
-                    .smallest_share()
-                    .connect()
+            StoreUrl::Postgres(url) if self.connection_per_thread(threads) => {
+                self.connect_postgres(postgres(url, ca_pem).smallest_share())
                     .await
-                    .map_err(|source| self.unreachable(source))?,
-            )),
-            _ => self.open(ca_pem).await,
+            }
+            _ => {
+                let _ = threads;
+                self.open(ca_pem).await
+            }
         }
     }
 
@@ -117,19 +112,28 @@ impl StoreUrl {
     ) -> Result<Arc<dyn Store>, OpenError> {
         match self {
             #[cfg(feature = "postgres")]
-            StoreUrl::Postgres(url) => Ok(Arc::new(
-                postgres(url, ca_pem)
-                    .thread_share(threads)
-                    .migrate(false)
-                    .connect()
+            StoreUrl::Postgres(url) => {
+                self.connect_postgres(postgres(url, ca_pem).thread_share(threads).migrate(false))
                     .await
-                    .map_err(|source| self.unreachable(source))?,
-            )),
+            }
             _ => {
                 let _ = threads;
                 self.open(ca_pem).await
             }
         }
+    }
+
+    /// Connects a PostgreSQL store built for this URL.
+    #[cfg(feature = "postgres")]
+    async fn connect_postgres(
+        &self,
+        builder: idem_postgres::PostgresStoreBuilder,
+    ) -> Result<Arc<dyn Store>, OpenError> {
+        let store = builder
+            .connect()
+            .await
+            .map_err(|source| self.unreachable(source))?;
+        Ok(Arc::new(store))
     }
 
     #[cfg(any(feature = "postgres", feature = "redis", feature = "mysql"))]

@@ -148,6 +148,8 @@ impl StoreUrl {
     /// Not MySQL (measured without a gain; docs/decisions.md), nor the
     /// memory store or SQLite (an instance is the data, or its writer).
     pub fn connection_per_thread(&self, threads: usize) -> bool {
+        #[cfg(not(feature = "postgres"))]
+        let _ = threads;
         match self {
             #[cfg(feature = "redis")]
             StoreUrl::Redis(_) => true,
