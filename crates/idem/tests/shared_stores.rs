@@ -65,6 +65,73 @@ async fn two_gateways_on_postgres_execute_once() {
     two_gateways_one_execution(&url, "pg").await;
 }
 
+/// The PostgreSQL connections named `application` open now, by psql.
+fn connections_named(url: &str, application: &str) -> u64 {
+    let out = std::process::Command::new("psql")
+        .args([
+            url,
+            "-Atc",
+            &format!(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = '{application}'"
+            ),
+        ])
+        .output()
+        .expect("psql runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
+/// A gateway holds about one pool of PostgreSQL connections (16) whatever
+/// its threads: with two, each thread's instance has half the pool and
+/// the main one the smallest share (4); with 24, more than can share the
+/// pool, one instance (an instance per thread would hold at least a
+/// connection each). 512 new keys, 64 at a time, on connections spread
+/// over the threads, before the count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_holds_about_one_pool_of_postgres_connections() {
+    let Some(url) = idem_testkit::backend_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL") else {
+        return;
+    };
+    let (_up, up) = upstream();
+    let client = reqwest::Client::new();
+    for (threads, most) in [("2", 8 + 8 + 4), ("24", 16)] {
+        let application = format!("idem-pool-{}-{threads}", std::process::id());
+        let separator = if url.contains('?') { '&' } else { '?' };
+        let store = format!("{url}{separator}application_name={application}");
+        let g = gateway(&up, &store, &["--threads", threads]).await;
+        for wave in 0..8 {
+            let requests: Vec<_> = (0..64)
+                .map(|i| {
+                    client
+                        .post(format!("{}/orders", g.base))
+                        .header(
+                            "idempotency-key",
+                            format!("{application}-{wave}-{i}-000000"),
+                        )
+                        .body("{}")
+                        .send()
+                })
+                .collect();
+            for r in futures_util::future::join_all(requests).await {
+                assert_eq!(r.unwrap().status(), 201);
+            }
+        }
+        let open = connections_named(&url, &application);
+        assert!(
+            open >= 1,
+            "{threads} threads: the gateway's connections are named"
+        );
+        assert!(
+            open <= most,
+            "{threads} threads: {open} connections, more than {most}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_gateways_on_redis_execute_once() {
     let Some(url) = idem_testkit::backend_url("IDEM_TEST_REDIS_URL", "Redis") else {
