@@ -297,10 +297,7 @@ pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<(), Sto
     .await
     .map_err(|e| pg_error("creating the schema", e))?;
     let current: i32 = tx
-        .query_one(
-            &format!("SELECT coalesce(max(version), 0) FROM {schema}.idem_migrations"),
-            &[],
-        )
+        .query_one(&version_sql(schema), &[])
         .await
         .map_err(|e| pg_error("reading the schema version", e))?
         .get(0);
@@ -330,7 +327,7 @@ pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<(), Sto
 pub(crate) async fn check_version(client: &Client, schema: &str) -> Result<(), StoreError> {
     let current: i32 = client
         .query_one(
-            &format!("SELECT coalesce(max(version), 0) FROM {schema}.idem_migrations"),
+            &version_sql(schema),
             &[],
         )
         .await
@@ -358,6 +355,12 @@ pub(crate) async fn check_version(client: &Client, schema: &str) -> Result<(), S
             ),
         )),
     }
+}
+
+/// Reads a schema's version: the last migration applied to it (0 for
+/// none).
+fn version_sql(schema: &str) -> String {
+    format!("SELECT coalesce(max(version), 0) FROM {schema}.idem_migrations")
 }
 
 /// A schema migrated by a newer idem than this one.
