@@ -132,6 +132,78 @@ async fn a_gateway_holds_about_one_pool_of_postgres_connections() {
     }
 }
 
+/// A PostgreSQL crash under a gateway whose serving threads each have
+/// their own instance: while the server is down a keyed request fails
+/// closed (503, nothing runs); once it is back (and the store watch has
+/// checked it), every thread's pool recovers, and the retry of that key
+/// runs once and then replays. The
+/// server is the test's own (crashed with `pg_ctl -m immediate`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_crash_fails_closed_on_every_thread_and_the_retry_runs_once() {
+    use idem_testkit::private_postgres::PrivatePostgres;
+    use idem_testkit::private_server::PrivateServer;
+    let Some(mut server) = PrivatePostgres::start() else {
+        return;
+    };
+    let (_up, up) = upstream();
+    let g = gateway(&up, &server.url(), &["--threads", "2"]).await;
+    // A client each: connections spread over both threads.
+    let post = |key: String| {
+        reqwest::Client::new()
+            .post(format!("{}/orders", g.base))
+            .header("idempotency-key", key)
+            .body("{}")
+            .send()
+    };
+    let keys: Vec<String> = (0..8)
+        .map(|i| format!("pg-crash-{}-{i}-000000", std::process::id()))
+        .collect();
+    for k in &keys[..4] {
+        assert_eq!(post(k.clone()).await.unwrap().status(), 201);
+    }
+    server.crash();
+    for k in &keys[4..] {
+        assert_eq!(post(k.clone()).await.unwrap().status(), 503, "fails closed");
+        assert_eq!(executions(&up, k).await, 0, "nothing ran for {k}");
+    }
+    server.restart();
+    // Each retry on a new connection. Until the gateway's store watch has
+    // checked the restarted server (it checks every second), and while a
+    // pooled connection the crash broke is replaced, retries are refused
+    // (503) without running; then one runs. Bounded by a deadline.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    for k in &keys[4..] {
+        let mut statuses = Vec::new();
+        loop {
+            let status = post(k.clone()).await.unwrap().status().as_u16();
+            statuses.push(status);
+            if status == 201 || std::time::Instant::now() > deadline {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        let tail = &statuses[statuses.len().saturating_sub(5)..];
+        assert_eq!(
+            statuses.last(),
+            Some(&201),
+            "{k}: {} tries, the last {tail:?}",
+            statuses.len()
+        );
+        assert!(
+            statuses.iter().all(|s| *s == 201 || *s == 503),
+            "{k}: a try that was neither refused nor run"
+        );
+        assert_eq!(executions(&up, k).await, 1, "{k} ran once");
+    }
+    // Every key, from before the crash and after, replays its one answer.
+    for k in &keys {
+        let r = post(k.clone()).await.unwrap();
+        assert_eq!(r.status(), 201, "{k}");
+        assert_eq!(r.headers()["idempotent-replayed"], "true", "{k}");
+        assert_eq!(executions(&up, k).await, 1, "{k}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_gateways_on_redis_execute_once() {
     let Some(url) = idem_testkit::backend_url("IDEM_TEST_REDIS_URL", "Redis") else {
