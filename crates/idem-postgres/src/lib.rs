@@ -26,10 +26,11 @@
 //!   newer than this code is refused. An instance built with
 //!   `migrate(false)` only checks that the schema is at this code's version.
 //! - Fences come from one sequence, so they grow across every claim.
-//! - Layout: one table, `idem_records`, keyed by (scope, operation, key),
-//!   with indexes on `expires_at` (purge), on the lease end of in-progress
-//!   records (the stale listing, migration 2) and on (scope, key) (the
-//!   look-up by key whatever the operation, migration 3); the `idem_fence`
+//! - Layout: one table, `idem_records`, keyed by (scope, key, operation),
+//!   whose key columns compare as bytes (`COLLATE "C"`) and whose primary
+//!   key's prefix serves the look-up by key whatever the operation
+//!   (migration 6), with indexes on `expires_at` (purge) and on the lease
+//!   end of in-progress records (the stale listing, migration 2); the `idem_fence`
 //!   sequence; the `idem_claim` function; `idem_epoch` (migration 4), one
 //!   row holding the store's epoch id and counter
 //!   ([`Store::advance_epoch`](idem_core::Store::advance_epoch), place

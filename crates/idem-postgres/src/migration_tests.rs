@@ -2,8 +2,8 @@
 //! schema once, and schemas at older versions are brought to the newest
 //! with their records kept.
 
-use idem_core::{Claim, Store};
-use idem_testkit::{IsolatedBackend, request, t0, unique_id, unique_name};
+use idem_core::{Claim, Completion, Operation, RecordId, Settled, Store};
+use idem_testkit::{IsolatedBackend, request, response, t0, unique_id, unique_name};
 
 use crate::PostgresStore;
 use crate::schema;
@@ -48,11 +48,160 @@ fn concurrent_first_connects_migrate_once() {
     });
 }
 
-/// What version 5 added (the batch functions), dropped.
+/// What version 6 changed, undone: the key columns in the database's
+/// collation, the primary key (scope, operation, key), and the (scope,
+/// key) index of version 3 back.
+fn back_to_version_5(schema: &str) -> String {
+    format!(
+        "ALTER TABLE {schema}.idem_records
+             ALTER COLUMN scope TYPE text COLLATE \"default\",
+             ALTER COLUMN operation TYPE text COLLATE \"default\",
+             ALTER COLUMN key TYPE text COLLATE \"default\",
+             DROP CONSTRAINT idem_records_pkey,
+             ADD CONSTRAINT idem_records_pkey PRIMARY KEY (scope, operation, key);
+         CREATE INDEX idem_records_scope_key ON {schema}.idem_records (scope, key);
+         DELETE FROM {schema}.idem_migrations WHERE version >= 6;"
+    )
+}
+
+/// What versions 5 and 6 did, undone: [`back_to_version_5`], and the batch
+/// functions dropped.
 fn without_version_5(schema: &str) -> String {
-    ["idem_claim_many", "idem_complete_many", "idem_release_many"]
+    let functions = ["idem_claim_many", "idem_complete_many", "idem_release_many"]
         .map(|f| format!("DROP FUNCTION {schema}.{f};"))
-        .join(" ")
+        .join(" ");
+    format!("{} {functions}", back_to_version_5(schema))
+}
+
+/// The collation of each key column, and the primary key's definition,
+/// of the records table in `schema`.
+async fn key_layout(client: &deadpool_postgres::Client, schema: &str) -> (Vec<String>, String) {
+    let collations = client
+        .query(
+            "SELECT c.collname::text FROM pg_attribute a \
+             JOIN pg_collation c ON c.oid = a.attcollation \
+             WHERE a.attrelid = ($1 || '.idem_records')::regclass \
+               AND a.attname IN ('scope', 'operation', 'key') ORDER BY a.attnum",
+            &[&schema],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let primary_key = client
+        .query_one(
+            "SELECT pg_get_indexdef(($1 || '.idem_records_pkey')::regclass)",
+            &[&schema],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    (collations, primary_key)
+}
+
+/// A schema at version 5 is migrated on connect to byte keys and one
+/// index fewer: the key columns compare as bytes (`COLLATE "C"`), the
+/// primary key is (scope, key, operation), the (scope, key) index is
+/// gone, and every record is kept: a finished one replays, one in flight
+/// is in flight, both are found by key, and a new key is acquired.
+#[test]
+fn a_version_5_schema_gets_byte_keys_and_one_index_fewer_on_connect() {
+    let Some(url) = TestPostgres::url() else {
+        return;
+    };
+    rt().block_on(async {
+        let old = TestPostgres::fresh(&url).await;
+        let schema = old.store().schema().to_owned();
+        let done = unique_id("pg-migrate-v5-done");
+        let open = RecordId::new(
+            done.scope.clone(),
+            Operation::new("PUT", "/testkit"),
+            done.key.clone(),
+        );
+        let Claim::Acquired(lease) = old.store().claim(&request(&done, "a", t0())).await.unwrap()
+        else {
+            panic!("a new key is acquired");
+        };
+        let answer = Completion::completed(response(201, "kept"));
+        assert_eq!(
+            old.store()
+                .complete(&done, lease.fence, answer, t0())
+                .await
+                .unwrap(),
+            Settled::Applied
+        );
+        assert!(matches!(
+            old.store().claim(&request(&open, "b", t0())).await.unwrap(),
+            Claim::Acquired(_)
+        ));
+        let client = old.store().pool().get().await.unwrap();
+        client
+            .batch_execute(&back_to_version_5(&schema))
+            .await
+            .unwrap();
+        let (collations, primary_key) = key_layout(&client, &schema).await;
+        assert_eq!(collations, ["default", "default", "default"]);
+        assert!(
+            primary_key.ends_with("(scope, operation, key)"),
+            "{primary_key}"
+        );
+        drop(client);
+
+        let store = PostgresStore::builder(&url)
+            .schema(&schema)
+            .pool_size(2)
+            .connect()
+            .await
+            .unwrap();
+        let client = store.pool().get().await.unwrap();
+        let (collations, primary_key) = key_layout(&client, &schema).await;
+        assert_eq!(collations, ["C", "C", "C"]);
+        assert!(
+            primary_key.ends_with("(scope, key, operation)"),
+            "{primary_key}"
+        );
+        let row = client
+            .query_one(
+                &format!(
+                    "SELECT (SELECT max(version) FROM {schema}.idem_migrations), \
+                     (SELECT count(*) FROM pg_indexes \
+                      WHERE schemaname = $1 AND indexname = 'idem_records_scope_key')"
+                ),
+                &[&schema],
+            )
+            .await
+            .unwrap();
+        assert_eq!(row.get::<_, i32>(0), schema::VERSION);
+        assert_eq!(row.get::<_, i64>(1), 0, "the (scope, key) index is dropped");
+        drop(client);
+
+        match store.claim(&request(&done, "a", t0())).await.unwrap() {
+            Claim::Replay(record) => {
+                assert_eq!(record.response, Some(response(201, "kept")));
+            }
+            other => panic!("the finished record replays: {other:?}"),
+        }
+        assert!(matches!(
+            store.claim(&request(&open, "b", t0())).await.unwrap(),
+            Claim::InFlight { .. }
+        ));
+        let mut found: Vec<RecordId> = store
+            .find_by_key(&done.scope, &done.key, t0(), 10)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.id)
+            .collect();
+        found.sort_by(|a, b| a.operation.as_str().cmp(b.operation.as_str()));
+        assert_eq!(found, [done.clone(), open.clone()]);
+        let fresh = unique_id("pg-migrate-v5-new");
+        assert!(matches!(
+            store.claim(&request(&fresh, "c", t0())).await.unwrap(),
+            Claim::Acquired(_)
+        ));
+        store.drop_schema().await.unwrap();
+    });
 }
 
 /// A schema at version 2 (before the (scope, key) index and the epoch
@@ -74,9 +223,9 @@ fn a_version_2_schema_is_migrated_on_connect() {
         let client = old.store().pool().get().await.unwrap();
         client
             .batch_execute(&format!(
-                "DROP INDEX {schema}.idem_records_scope_key;
+                "{}
+                 DROP INDEX {schema}.idem_records_scope_key;
                  DROP TABLE {schema}.idem_epoch;
-                 {}
                  DELETE FROM {schema}.idem_migrations WHERE version >= 3;",
                 without_version_5(&schema)
             ))
@@ -109,7 +258,11 @@ fn a_version_2_schema_is_migrated_on_connect() {
             .await
             .unwrap();
         assert_eq!(row.get::<_, i32>(0), schema::VERSION);
-        assert_eq!(row.get::<_, i64>(1), 1);
+        assert_eq!(
+            row.get::<_, i64>(1),
+            0,
+            "version 3's index, created on the way, is dropped by version 6"
+        );
         assert_eq!(row.get::<_, i64>(2), 1, "the epoch table is created");
     });
 }

@@ -97,6 +97,19 @@ fn keyed_statements_never_scan_the_stale_index_or_the_table() {
                 .await
                 .unwrap();
             assert_eq!(rows.len(), 1, "lock ({mode})");
+            let key = open(5);
+            let rows = tx
+                .query(&sql.get, &[&scope, &op, &key, &0i64])
+                .await
+                .unwrap();
+            assert_eq!(rows.len(), 1, "get ({mode})");
+            // The look-up by (scope, key), through the primary key's
+            // leading columns (version 6).
+            let rows = tx
+                .query(&sql.by_key, &[&scope, &key, &0i64, &10i64])
+                .await
+                .unwrap();
+            assert_eq!(rows.len(), 1, "by_key ({mode})");
 
             // A batch of four completions and one of four releases.
             let batch = |first: i64| -> (Vec<&str>, Vec<&str>, Vec<String>, Vec<i64>) {
@@ -187,13 +200,15 @@ fn keyed_statements_never_scan_the_stale_index_or_the_table() {
                 .query_one(
                     &format!(
                         "SELECT pg_stat_get_xact_numscans('{s}.idem_records_stale'::regclass), \
-                         pg_stat_get_xact_numscans('{s}.idem_records'::regclass)"
+                         pg_stat_get_xact_numscans('{s}.idem_records'::regclass), \
+                         pg_stat_get_xact_tuples_returned('{s}.idem_records_pkey'::regclass)"
                     ),
                     &[],
                 )
                 .await
                 .unwrap();
-            let (stale_index_scans, table_scans): (i64, i64) = (scans.get(0), scans.get(1));
+            let (stale_index_scans, table_scans, primary_key_entries): (i64, i64, i64) =
+                (scans.get(0), scans.get(1), scans.get(2));
             assert_eq!(
                 stale_index_scans, 0,
                 "a keyed statement scanned the stale index ({mode})"
@@ -201,6 +216,12 @@ fn keyed_statements_never_scan_the_stale_index_or_the_table() {
             assert_eq!(
                 table_scans, 0,
                 "a keyed statement scanned the table ({mode})"
+            );
+            // Each statement read its few entries of the primary key, not
+            // a scope's worth (a look-up by a prefix it does not lead with).
+            assert!(
+                primary_key_entries < 100,
+                "the keyed statements read {primary_key_entries} entries of the primary key ({mode})"
             );
             tx.rollback().await.unwrap();
         }

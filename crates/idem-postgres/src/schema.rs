@@ -251,6 +251,25 @@ BEGIN
 END
 $fn$;
 "#,
+    // 6: keys compare as bytes, and the primary key leads with (scope,
+    // key). The key columns take `COLLATE "C"`: equality is byte equality
+    // under any deterministic collation, so no id changes meaning, and
+    // every index on them compares with `memcmp` instead of the
+    // database's locale (`strcoll`). The primary key becomes (scope, key,
+    // operation), which also serves the look-up by (scope, key), so the
+    // index of version 3 goes: an insert writes three index entries, not
+    // four, and so does a completion (never a HOT update). The indexes are
+    // rebuilt inside the migration's transaction, holding the table's
+    // lock while they are (docs/decisions.md, "Keys compare as bytes").
+    r#"
+ALTER TABLE {s}.idem_records
+    ALTER COLUMN scope TYPE text COLLATE "C",
+    ALTER COLUMN operation TYPE text COLLATE "C",
+    ALTER COLUMN key TYPE text COLLATE "C",
+    DROP CONSTRAINT idem_records_pkey,
+    ADD CONSTRAINT idem_records_pkey PRIMARY KEY (scope, key, operation);
+DROP INDEX IF EXISTS {s}.idem_records_scope_key;
+"#,
 ];
 
 /// "The record is in progress", in statements that find a record by its
