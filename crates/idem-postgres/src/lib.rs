@@ -25,6 +25,10 @@
 //!   an advisory lock, so instances that start together are safe. A schema
 //!   newer than this code is refused. An instance built with
 //!   `migrate(false)` only checks that the schema is at this code's version.
+//!   A migration waits at most a second at a time for a table's lock (claims
+//!   queue behind it), three tries, then the connect fails as
+//!   `Unavailable` with nothing applied. A read whose prepared statement a
+//!   migration changed under it (its columns' types) is prepared again.
 //! - Fences come from one sequence, so they grow across every claim.
 //! - Layout: one table, `idem_records`, keyed by (scope, key, operation),
 //!   whose key columns compare as bytes (`COLLATE "C"`) and whose primary

@@ -2,8 +2,8 @@
 //! schema once, and schemas at older versions are brought to the newest
 //! with their records kept.
 
-use idem_core::{Claim, Completion, Operation, RecordId, Settled, Store};
-use idem_testkit::{IsolatedBackend, request, response, t0, unique_id, unique_name};
+use idem_core::{Claim, Completion, Operation, RecordId, Settled, Store, StoreError};
+use idem_testkit::{Guarded, IsolatedBackend, request, response, t0, unique_id, unique_name};
 
 use crate::PostgresStore;
 use crate::schema;
@@ -148,12 +148,7 @@ fn a_version_5_schema_gets_byte_keys_and_one_index_fewer_on_connect() {
         );
         drop(client);
 
-        let store = PostgresStore::builder(&url)
-            .schema(&schema)
-            .pool_size(2)
-            .connect()
-            .await
-            .unwrap();
+        let store = reopen(&url, &schema, 2).await.unwrap();
         let client = store.pool().get().await.unwrap();
         let (collations, primary_key) = key_layout(&client, &schema).await;
         assert_eq!(collations, ["C", "C", "C"]);
@@ -204,6 +199,32 @@ fn a_version_5_schema_gets_byte_keys_and_one_index_fewer_on_connect() {
     });
 }
 
+/// A new instance on `schema` with a pool of `pool`, which migrates it.
+async fn reopen(url: &str, schema: &str, pool: usize) -> Result<PostgresStore, StoreError> {
+    PostgresStore::builder(url)
+        .schema(schema)
+        .pool_size(pool)
+        .connect()
+        .await
+}
+
+/// A fresh schema (dropped with the guard) holding one record in flight,
+/// claimed with the key `key`: the guard, the schema's name and the id.
+async fn one_claim(url: &str, key: &str) -> (Guarded<PostgresStore>, String, RecordId) {
+    let guard = TestPostgres::fresh(url).await;
+    let schema = guard.store().schema().to_owned();
+    let id = unique_id(key);
+    assert!(matches!(
+        guard
+            .store()
+            .claim(&request(&id, "{}", t0()))
+            .await
+            .unwrap(),
+        Claim::Acquired(_)
+    ));
+    (guard, schema, id)
+}
+
 /// A schema at version 2 (before the (scope, key) index and the epoch
 /// table) is migrated on connect; its records are kept and found by key
 /// afterwards.
@@ -213,13 +234,7 @@ fn a_version_2_schema_is_migrated_on_connect() {
         return;
     };
     rt().block_on(async {
-        let old = TestPostgres::fresh(&url).await;
-        let schema = old.store().schema().to_owned();
-        let id = unique_id("pg-migrate-v2-01");
-        assert!(matches!(
-            old.store().claim(&request(&id, "{}", t0())).await.unwrap(),
-            Claim::Acquired(_)
-        ));
+        let (old, schema, id) = one_claim(&url, "pg-migrate-v2-01").await;
         let client = old.store().pool().get().await.unwrap();
         client
             .batch_execute(&format!(
@@ -232,12 +247,7 @@ fn a_version_2_schema_is_migrated_on_connect() {
             .await
             .unwrap();
         drop(client);
-        let store = PostgresStore::builder(&url)
-            .schema(&schema)
-            .pool_size(2)
-            .connect()
-            .await
-            .unwrap();
+        let store = reopen(&url, &schema, 2).await.unwrap();
         let found = store
             .find_by_key(&id.scope, &id.key, t0(), 10)
             .await
@@ -276,13 +286,7 @@ fn a_version_3_schema_gets_its_epoch_table_on_connect() {
         return;
     };
     rt().block_on(async {
-        let old = TestPostgres::fresh(&url).await;
-        let schema = old.store().schema().to_owned();
-        let id = unique_id("pg-migrate-v3-01");
-        assert!(matches!(
-            old.store().claim(&request(&id, "{}", t0())).await.unwrap(),
-            Claim::Acquired(_)
-        ));
+        let (old, schema, id) = one_claim(&url, "pg-migrate-v3-01").await;
         let client = old.store().pool().get().await.unwrap();
         client
             .batch_execute(&format!(
@@ -294,12 +298,7 @@ fn a_version_3_schema_gets_its_epoch_table_on_connect() {
             .await
             .unwrap();
         drop(client);
-        let store = PostgresStore::builder(&url)
-            .schema(&schema)
-            .pool_size(2)
-            .connect()
-            .await
-            .unwrap();
+        let store = reopen(&url, &schema, 2).await.unwrap();
         assert!(store.get(&id, t0()).await.unwrap().is_some());
         let marks = store.advance_epoch("after-v3").await.unwrap();
         assert_eq!(
@@ -384,5 +383,116 @@ fn an_instance_that_does_not_migrate_checks_the_version_only() {
         }
         drop(holder);
         main.drop_schema().await.unwrap();
+    });
+}
+
+/// Reads prepared before a migration changed the columns they return (a
+/// newer instance's migration, while this instance runs on) prepare
+/// again: the server refuses a cached plan whose result type changed, and
+/// the store empties that connection's cache and reads once more. Here
+/// the change is the key columns' collation (version 6, undone), under an
+/// instance of one connection whose look-up by key, stale listing and
+/// read by id were prepared before it.
+#[test]
+fn reads_prepared_before_a_migration_changed_their_columns_prepare_again() {
+    let Some(url) = TestPostgres::url() else {
+        return;
+    };
+    rt().block_on(async {
+        let guard = TestPostgres::fresh(&url).await;
+        let schema = guard.store().schema().to_owned();
+        let store = reopen(&url, &schema, 1).await.unwrap();
+        let id = unique_id("pg-replan");
+        assert!(matches!(
+            store.claim(&request(&id, "a", t0())).await.unwrap(),
+            Claim::Acquired(_)
+        ));
+        // After the lease: the record is stale.
+        let later = t0() + idem_testkit::LEASE + std::time::Duration::from_secs(1);
+        let reads = || async {
+            let by_key = store.find_by_key(&id.scope, &id.key, later, 10).await;
+            let stale = store.list_stale(later, None, 1000).await;
+            let got = store.get(&id, later).await;
+            (by_key, stale, got)
+        };
+        let (by_key, stale, got) = reads().await;
+        assert_eq!(by_key.unwrap().len(), 1);
+        assert!(stale.unwrap().iter().any(|r| r.id == id));
+        assert!(got.unwrap().is_some());
+
+        let client = guard.store().pool().get().await.unwrap();
+        client
+            .batch_execute(&format!(
+                "ALTER TABLE {schema}.idem_records
+                     ALTER COLUMN scope TYPE text COLLATE \"default\",
+                     ALTER COLUMN operation TYPE text COLLATE \"default\",
+                     ALTER COLUMN key TYPE text COLLATE \"default\";"
+            ))
+            .await
+            .unwrap();
+        drop(client);
+
+        let (by_key, stale, got) = reads().await;
+        let by_key = by_key.expect("the look-up by key is prepared again");
+        assert_eq!(by_key.iter().map(|r| &r.id).collect::<Vec<_>>(), [&id]);
+        let stale = stale.expect("the stale listing is prepared again");
+        assert!(stale.iter().any(|r| r.id == id));
+        assert!(got.expect("the read by id answers").is_some());
+    });
+}
+
+/// A migration that cannot have the records table's lock (a transaction
+/// holds a record, as atomic mode's execution does) waits a bounded time
+/// at each of a bounded number of tries, so claims do not queue behind it
+/// for good; then the start fails as unavailable, with nothing applied,
+/// and succeeds once the lock is free.
+#[test]
+fn a_migration_that_cannot_have_its_lock_gives_up_with_nothing_applied() {
+    let Some(url) = TestPostgres::url() else {
+        return;
+    };
+    rt().block_on(async {
+        let (guard, schema, id) = one_claim(&url, "pg-migrate-held").await;
+        let mut holder = guard.store().pool().get().await.unwrap();
+        holder
+            .batch_execute(&back_to_version_5(&schema))
+            .await
+            .unwrap();
+        let held = holder.transaction().await.unwrap();
+        held.query_one(
+            &format!(
+                "SELECT 1 FROM {schema}.idem_records WHERE scope = $1 AND key = $2 FOR UPDATE"
+            ),
+            &[&id.scope.as_str(), &id.key.as_str()],
+        )
+        .await
+        .unwrap();
+        let open = || reopen(&url, &schema, 1);
+        // Bounded: a migration that waited without a bound would hang.
+        let refused = tokio::time::timeout(std::time::Duration::from_secs(30), open())
+            .await
+            .expect("the migration gave up in bounded time")
+            .expect_err("the lock is held");
+        assert!(refused.is_unavailable(), "{refused}");
+        assert!(refused.to_string().contains("lock"), "{refused}");
+        held.rollback().await.unwrap();
+        let version = format!("SELECT max(version) FROM {schema}.idem_migrations");
+        let at = holder
+            .query_one(&version, &[])
+            .await
+            .unwrap()
+            .get::<_, i32>(0);
+        assert_eq!(at, 5, "nothing of it was applied");
+        let store = open().await.expect("the lock is free");
+        let at = holder
+            .query_one(&version, &[])
+            .await
+            .unwrap()
+            .get::<_, i32>(0);
+        assert_eq!(at, schema::VERSION);
+        assert!(matches!(
+            store.claim(&request(&id, "{}", t0())).await.unwrap(),
+            Claim::InFlight { .. }
+        ));
     });
 }

@@ -11,7 +11,9 @@ use idem_core::{
     BoxFuture, Claim, ClaimRequest, Completion, Durability, EpochMark, Fence, Key, Record,
     RecordId, Scope, Settled, StaleCursor, Store, StoreError, Timestamp,
 };
-use tokio_postgres::Statement;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Row, Statement};
 
 use crate::batch::lost;
 use crate::error::{corrupt, pg_error};
@@ -76,6 +78,37 @@ impl PostgresStore {
     /// [`prepared`] on the store's pool.
     async fn prepared(&self, sql: &str, what: &str) -> Result<(Pooled, Statement), StoreError> {
         prepared(&self.inner.pool, sql, what).await
+    }
+
+    /// The rows a read statement answers (`sql`, prepared as `what`,
+    /// failing as `doing`), tried once more when its first try met its
+    /// cached plan changed under it: a migration by a newer instance
+    /// changed a column it returns (a type or a collation) since this
+    /// connection prepared it, and the server refuses the statement
+    /// (SQLSTATE 0A000, "cached plan must not change result type") on
+    /// this connection for good. The connection's statement cache is
+    /// emptied first, so the second try prepares it again. A read changes
+    /// nothing, so two tries cannot do anything twice.
+    async fn read(
+        &self,
+        sql: &str,
+        what: &str,
+        doing: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, StoreError> {
+        let mut tried = false;
+        loop {
+            let (client, stmt) = self.prepared(sql, what).await?;
+            let answer = client.query(&stmt, params).await;
+            match answer {
+                Err(e) if !tried && e.code() == Some(&SqlState::FEATURE_NOT_SUPPORTED) => {
+                    client.statement_cache.clear();
+                    client.answered(());
+                    tried = true;
+                }
+                answer => return client.answered(answer).map_err(|e| pg_error(doing, e)),
+            }
+        }
     }
 }
 
@@ -169,10 +202,11 @@ impl Store for PostgresStore {
         now: Timestamp,
     ) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
         Box::pin(async move {
-            let (client, stmt) = self.prepared(&self.inner.sql.get, "get").await?;
-            let answer = client
-                .query_opt(
-                    &stmt,
+            let rows = self
+                .read(
+                    &self.inner.sql.get,
+                    "get",
+                    "reading a record",
                     &[
                         &id.scope.as_str(),
                         &id.operation.as_str(),
@@ -180,11 +214,10 @@ impl Store for PostgresStore {
                         &now.as_millis(),
                     ],
                 )
-                .await;
-            let row = client
-                .answered(answer)
-                .map_err(|e| pg_error("reading a record", e))?;
-            row.map(|row| row::record_from_row(id.clone(), &row))
+                .await?;
+            // One row at most: the statement reads by the primary key.
+            rows.first()
+                .map(|row| row::record_from_row(id.clone(), row))
                 .transpose()
         })
     }
@@ -212,9 +245,6 @@ impl Store for PostgresStore {
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>> {
         Box::pin(async move {
-            let (client, stmt) = self
-                .prepared(&self.inner.sql.stale, "stale listing")
-                .await?;
             let (lease, scope, op, key) = match after {
                 Some(c) => (
                     c.lease_until.as_millis(),
@@ -225,15 +255,14 @@ impl Store for PostgresStore {
                 None => (i64::MIN, "", "", ""),
             };
             let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-            let answer = client
-                .query(
-                    &stmt,
+            let rows = self
+                .read(
+                    &self.inner.sql.stale,
+                    "stale listing",
+                    "listing stale records",
                     &[&now.as_millis(), &lease, &scope, &op, &key, &limit],
                 )
-                .await;
-            let rows = client
-                .answered(answer)
-                .map_err(|e| pg_error("listing stale records", e))?;
+                .await?;
             rows.iter().map(row::record_with_id_from_row).collect()
         })
     }
@@ -246,19 +275,15 @@ impl Store for PostgresStore {
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>> {
         Box::pin(async move {
-            let (client, stmt) = self
-                .prepared(&self.inner.sql.by_key, "the look-up by key")
-                .await?;
             let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-            let answer = client
-                .query(
-                    &stmt,
+            let rows = self
+                .read(
+                    &self.inner.sql.by_key,
+                    "the look-up by key",
+                    "finding records by key",
                     &[&scope.as_str(), &key.as_str(), &now.as_millis(), &limit],
                 )
-                .await;
-            let rows = client
-                .answered(answer)
-                .map_err(|e| pg_error("finding records by key", e))?;
+                .await?;
             rows.iter()
                 .map(|row| row::record_with_operation_from_row(scope, key, row))
                 .collect()
