@@ -33,7 +33,7 @@ use idem_core::{Claim, ClaimRequest, Settled, StoreError, StoreErrorKind};
 use tokio_postgres::Row;
 
 use crate::error::pg_error;
-use crate::pooled::Pooled;
+use crate::pooled::{Pooled, forget_changed_plans};
 use crate::row::{self, millis};
 use crate::schema::Statements;
 
@@ -100,7 +100,12 @@ async fn send(
     let answer = client.query(&stmt, params).await;
     match client.answered(answer) {
         Ok(rows) => Sent::Rows(rows),
-        Err(e) => refused_or_down(what, e),
+        Err(e) => {
+            // A statement a migration changed under this connection: the
+            // batch is refused (its calls go again alone, prepared again).
+            forget_changed_plans(pool, &e);
+            refused_or_down(what, e)
+        }
     }
 }
 

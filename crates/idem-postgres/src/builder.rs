@@ -25,6 +25,7 @@ pub struct PostgresStoreBuilder {
     pool_size: usize,
     batches_in_flight: usize,
     migrate: bool,
+    migration_locks: schema::LockWaits,
     wait: Duration,
     statement_timeout: Duration,
     /// Trusted CA certificates (PEM) instead of the system's roots.
@@ -39,6 +40,7 @@ impl std::fmt::Debug for PostgresStoreBuilder {
             .field("pool_size", &self.pool_size)
             .field("batches_in_flight", &self.batches_in_flight)
             .field("migrate", &self.migrate)
+            .field("migration_locks", &self.migration_locks)
             .field("wait", &self.wait)
             .field("statement_timeout", &self.statement_timeout)
             .field("ca_pem", &self.ca_pem.is_some())
@@ -76,6 +78,7 @@ impl PostgresStoreBuilder {
             pool_size: 16,
             batches_in_flight: crate::batch::IN_FLIGHT,
             migrate: true,
+            migration_locks: schema::LockWaits::default(),
             wait: Duration::from_secs(5),
             statement_timeout: Duration::from_secs(5),
             ca_pem: None,
@@ -155,6 +158,21 @@ impl PostgresStoreBuilder {
     /// the migration lock nor hold a connection waiting for it.
     pub fn migrate(mut self, migrate: bool) -> Self {
         self.migrate = migrate;
+        self
+    }
+
+    /// How long a migration waits for a table's lock at each try
+    /// (`lock_timeout`), and how many tries it makes before
+    /// [`connect`](Self::connect) fails as `Unavailable` with nothing of it
+    /// applied. Claims queue behind a migration that waits for a lock, so
+    /// each try holds them up at most `wait`; between tries they pass. A
+    /// migration needs every transaction that holds a record (atomic
+    /// mode's executions, an operator's session, a dump) to end within one
+    /// `wait`: where some routinely take longer, raise it, or migrate from
+    /// one instance at a quiet hour. Default 1 s, 3 tries; `wait` at least
+    /// 1 ms, `tries` at least 1.
+    pub fn migration_lock_wait(mut self, wait: Duration, tries: u32) -> Self {
+        self.migration_locks = schema::LockWaits::new(wait, tries);
         self
     }
 
@@ -299,7 +317,7 @@ impl PostgresStoreBuilder {
                 .batch_execute("SET statement_timeout = 0")
                 .await
                 .map_err(|e| pg_error("preparing the migration", e))?;
-            let migrated = schema::migrate(&mut client, &self.schema).await;
+            let migrated = schema::migrate(&mut client, &self.schema, self.migration_locks).await;
             drop(Object::take(client));
             migrated?;
         } else {

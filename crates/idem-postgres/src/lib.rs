@@ -27,8 +27,10 @@
 //!   `migrate(false)` only checks that the schema is at this code's version.
 //!   A migration waits at most a second at a time for a table's lock (claims
 //!   queue behind it), three tries, then the connect fails as
-//!   `Unavailable` with nothing applied. A read whose prepared statement a
-//!   migration changed under it (its columns' types) is prepared again.
+//!   `Unavailable` with nothing applied
+//!   ([`migration_lock_wait`](PostgresStoreBuilder::migration_lock_wait)).
+//!   A read whose prepared statement a migration changed under it (its
+//!   columns' types) is prepared again, on every pooled connection.
 //! - Fences come from one sequence, so they grow across every claim.
 //! - Layout: one table, `idem_records`, keyed by (scope, key, operation),
 //!   whose key columns compare as bytes (`COLLATE "C"`) and whose primary

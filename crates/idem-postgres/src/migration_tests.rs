@@ -388,11 +388,13 @@ fn an_instance_that_does_not_migrate_checks_the_version_only() {
 
 /// Reads prepared before a migration changed the columns they return (a
 /// newer instance's migration, while this instance runs on) prepare
-/// again: the server refuses a cached plan whose result type changed, and
-/// the store empties that connection's cache and reads once more. Here
-/// the change is the key columns' collation (version 6, undone), under an
-/// instance of one connection whose look-up by key, stale listing and
-/// read by id were prepared before it.
+/// again, on every pooled connection: the server refuses a cached plan
+/// whose result type changed, and the store empties every connection's
+/// statement cache and reads once more. Here the change is the key
+/// columns' collation, under an instance of two connections that both
+/// prepared the look-up by key and the stale listing; each statement is
+/// the first read after a change of its own, and is read on both
+/// connections after it.
 #[test]
 fn reads_prepared_before_a_migration_changed_their_columns_prepare_again() {
     let Some(url) = TestPostgres::url() else {
@@ -401,7 +403,7 @@ fn reads_prepared_before_a_migration_changed_their_columns_prepare_again() {
     rt().block_on(async {
         let guard = TestPostgres::fresh(&url).await;
         let schema = guard.store().schema().to_owned();
-        let store = reopen(&url, &schema, 1).await.unwrap();
+        let store = reopen(&url, &schema, 2).await.unwrap();
         let id = unique_id("pg-replan");
         assert!(matches!(
             store.claim(&request(&id, "a", t0())).await.unwrap(),
@@ -409,35 +411,37 @@ fn reads_prepared_before_a_migration_changed_their_columns_prepare_again() {
         ));
         // After the lease: the record is stale.
         let later = t0() + idem_testkit::LEASE + std::time::Duration::from_secs(1);
-        let reads = || async {
-            let by_key = store.find_by_key(&id.scope, &id.key, later, 10).await;
-            let stale = store.list_stale(later, None, 1000).await;
-            let got = store.get(&id, later).await;
-            (by_key, stale, got)
+        let by_key = || async {
+            let found = store.find_by_key(&id.scope, &id.key, later, 10).await;
+            let found = found.expect("the look-up by key answers");
+            assert_eq!(found.iter().map(|r| &r.id).collect::<Vec<_>>(), [&id]);
         };
-        let (by_key, stale, got) = reads().await;
-        assert_eq!(by_key.unwrap().len(), 1);
-        assert!(stale.unwrap().iter().any(|r| r.id == id));
-        assert!(got.unwrap().is_some());
+        let stale = || async {
+            let listed = store.list_stale(later, None, 1000).await;
+            let listed = listed.expect("the stale listing answers");
+            assert!(listed.iter().any(|r| r.id == id));
+        };
+        // Two at once: each of the two connections prepares both.
+        tokio::join!(by_key(), by_key());
+        tokio::join!(stale(), stale());
 
         let client = guard.store().pool().get().await.unwrap();
-        client
-            .batch_execute(&format!(
+        let collate = |collation: &str| {
+            format!(
                 "ALTER TABLE {schema}.idem_records
-                     ALTER COLUMN scope TYPE text COLLATE \"default\",
-                     ALTER COLUMN operation TYPE text COLLATE \"default\",
-                     ALTER COLUMN key TYPE text COLLATE \"default\";"
-            ))
-            .await
-            .unwrap();
-        drop(client);
-
-        let (by_key, stale, got) = reads().await;
-        let by_key = by_key.expect("the look-up by key is prepared again");
-        assert_eq!(by_key.iter().map(|r| &r.id).collect::<Vec<_>>(), [&id]);
-        let stale = stale.expect("the stale listing is prepared again");
-        assert!(stale.iter().any(|r| r.id == id));
-        assert!(got.expect("the read by id answers").is_some());
+                     ALTER COLUMN scope TYPE text COLLATE \"{collation}\",
+                     ALTER COLUMN operation TYPE text COLLATE \"{collation}\",
+                     ALTER COLUMN key TYPE text COLLATE \"{collation}\";"
+            )
+        };
+        client.batch_execute(&collate("default")).await.unwrap();
+        for _ in 0..3 {
+            by_key().await;
+        }
+        client.batch_execute(&collate("C")).await.unwrap();
+        for _ in 0..3 {
+            stale().await;
+        }
     });
 }
 
@@ -467,12 +471,31 @@ fn a_migration_that_cannot_have_its_lock_gives_up_with_nothing_applied() {
         )
         .await
         .unwrap();
-        let open = || reopen(&url, &schema, 1);
+        let wait = std::time::Duration::from_millis(300);
+        let open = || {
+            PostgresStore::builder(&url)
+                .schema(&schema)
+                .pool_size(1)
+                .migration_lock_wait(wait, 3)
+                .connect()
+        };
         // Bounded: a migration that waited without a bound would hang.
+        let started = std::time::Instant::now();
         let refused = tokio::time::timeout(std::time::Duration::from_secs(30), open())
             .await
             .expect("the migration gave up in bounded time")
             .expect_err("the lock is held");
+        // Three tries, each waiting its whole wait (a lower bound: a
+        // slow machine only adds to it).
+        assert!(
+            started.elapsed() >= wait * 3,
+            "gave up after {:?}, before three waits of {wait:?}",
+            started.elapsed()
+        );
+        assert!(
+            refused.to_string().contains("3 waits of 300 ms"),
+            "{refused}"
+        );
         assert!(refused.is_unavailable(), "{refused}");
         assert!(refused.to_string().contains("lock"), "{refused}");
         held.rollback().await.unwrap();

@@ -22,6 +22,7 @@ use std::ops::{Deref, DerefMut};
 
 use deadpool_postgres::{Object, Pool};
 use idem_core::StoreError;
+use tokio_postgres::error::SqlState;
 
 use crate::error::pool_error;
 
@@ -71,4 +72,20 @@ impl Drop for Pooled {
             drop(Object::take(object));
         }
     }
+}
+
+/// Whether `e` is the server refusing a prepared statement whose result
+/// changed type (SQLSTATE 0A000, "cached plan must not change result
+/// type"): a migration by a newer instance changed a column the statement
+/// returns (its type, its collation) since the connection prepared it. The
+/// server refuses that statement on that connection for good, so when it
+/// is, every pooled connection's statement cache is emptied (not only
+/// this one's: the next call may be handed another), and each prepares
+/// its statements again on its next call.
+pub(crate) fn forget_changed_plans(pool: &Pool, e: &tokio_postgres::Error) -> bool {
+    let changed = e.code() == Some(&SqlState::FEATURE_NOT_SUPPORTED);
+    if changed {
+        pool.manager().statement_caches.clear();
+    }
+    changed
 }

@@ -5,6 +5,8 @@
 //! schema name, so instances that start at the same moment apply each
 //! migration once: the second waits for the first, then finds nothing to do.
 
+use std::time::Duration;
+
 use deadpool_postgres::Client;
 use idem_core::StoreError;
 use tokio_postgres::error::SqlState;
@@ -16,6 +18,15 @@ use crate::row::COLUMNS;
 const LOCK_CLASS: i32 = 0x6964_656d;
 
 /// The migrations, in order; `{s}` stands for the quoted schema name.
+///
+/// A migration may change the columns that reads return (instances of
+/// this version on prepare those reads again, `forget_changed_plans`; the
+/// previous version's must be restarted), but never the result of a
+/// statement a claim, completion or release prepares (`idem_claim`'s and
+/// the batch functions' `RETURNS TABLE`, a `RETURNING` list): the server
+/// would refuse it on every connection of every running instance, and
+/// those calls fail closed rather than try again. Such a change is a new
+/// function beside the old one.
 const MIGRATIONS: &[&str] = &[
     // 1: records, the fence sequence, and the claim function.
     r#"
@@ -297,38 +308,58 @@ pub(crate) fn valid_schema_name(name: &str) -> bool {
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
 }
 
-/// How long a migration waits for a lock on a table (`lock_timeout`):
-/// claims queue behind a migration that waits, so it waits this long at a
-/// time, then lets them through.
-const MIGRATION_LOCK_WAIT: &str = "1s";
-/// How many times a migration waits [`MIGRATION_LOCK_WAIT`] for its locks
-/// before the instance gives up starting.
-const MIGRATION_TRIES: u32 = 3;
+/// How long a migration waits for a table's lock at each try, and how
+/// many tries it makes (`PostgresStoreBuilder::migration_lock_wait`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LockWaits {
+    wait: Duration,
+    tries: u32,
+}
+
+impl Default for LockWaits {
+    fn default() -> LockWaits {
+        LockWaits::new(Duration::from_secs(1), 3)
+    }
+}
+
+impl LockWaits {
+    pub(crate) fn new(wait: Duration, tries: u32) -> LockWaits {
+        LockWaits {
+            wait: wait.max(Duration::from_millis(1)),
+            tries: tries.max(1),
+        }
+    }
+}
 
 /// Creates the schema and applies missing migrations. A migration that
-/// cannot have a table's lock within [`MIGRATION_LOCK_WAIT`] (a
-/// transaction holds a record: atomic mode's execution, an operator's
-/// session) is rolled back and tried again after a pause, up to
-/// [`MIGRATION_TRIES`] times; then the start fails as `Unavailable`,
+/// cannot have a table's lock within `locks`' wait (a transaction holds a
+/// record: atomic mode's execution, an operator's session) is rolled back
+/// and tried again after a pause (half the wait, then the whole wait, and
+/// so on), up to `locks`' tries; then the start fails as `Unavailable`,
 /// with nothing of it applied.
-pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<(), StoreError> {
+pub(crate) async fn migrate(
+    client: &mut Client,
+    schema: &str,
+    locks: LockWaits,
+) -> Result<(), StoreError> {
     let mut tries = 0;
     loop {
         tries += 1;
-        match migrate_once(client, schema).await {
+        match migrate_once(client, schema, locks.wait).await {
             Err(e) if lock_not_available(&e) => {
-                if tries >= MIGRATION_TRIES {
+                if tries >= locks.tries {
                     return Err(StoreError::new(
                         idem_core::StoreErrorKind::Unavailable,
                         format!(
-                            "postgres store: migrating schema {schema}: a table's lock was held \
-                             by another transaction through {tries} waits of {MIGRATION_LOCK_WAIT}; \
-                             nothing was applied, start again"
+                            "postgres store: migrating schema {schema}: a lock it needs was held \
+                             by another transaction through {tries} waits of {} ms; nothing \
+                             was applied, start again (or raise the wait)",
+                            locks.wait.as_millis()
                         ),
                     )
                     .with_source(e));
                 }
-                tokio::time::sleep(std::time::Duration::from_millis(500 * u64::from(tries))).await;
+                tokio::time::sleep(locks.wait / 2 * tries).await;
             }
             answer => return answer,
         }
@@ -344,20 +375,23 @@ fn lock_not_available(e: &StoreError) -> bool {
 }
 
 /// One try of [`migrate`], in one transaction.
-async fn migrate_once(client: &mut Client, schema: &str) -> Result<(), StoreError> {
+async fn migrate_once(client: &mut Client, schema: &str, wait: Duration) -> Result<(), StoreError> {
     let tx = client
         .transaction()
         .await
         .map_err(|e| pg_error("beginning the migration", e))?;
+    // The advisory lock waits for another instance's migration as long as
+    // that takes, whatever `lock_timeout` the role or database sets.
+    tx.batch_execute("SET LOCAL lock_timeout = 0")
+        .await
+        .map_err(|e| pg_error("preparing the migration", e))?;
     tx.execute(
         "SELECT pg_advisory_xact_lock($1, hashtext($2))",
         &[&LOCK_CLASS, &schema],
     )
     .await
     .map_err(|e| pg_error("taking the migration lock", e))?;
-    // After the advisory lock, which waits for another instance's
-    // migration as long as that takes.
-    tx.batch_execute(&format!("SET LOCAL lock_timeout = '{MIGRATION_LOCK_WAIT}'"))
+    tx.batch_execute(&format!("SET LOCAL lock_timeout = {}", wait.as_millis()))
         .await
         .map_err(|e| pg_error("bounding the migration's lock waits", e))?;
     tx.batch_execute(&format!(

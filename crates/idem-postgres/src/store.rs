@@ -11,13 +11,12 @@ use idem_core::{
     BoxFuture, Claim, ClaimRequest, Completion, Durability, EpochMark, Fence, Key, Record,
     RecordId, Scope, Settled, StaleCursor, Store, StoreError, Timestamp,
 };
-use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Row, Statement};
 
 use crate::batch::lost;
 use crate::error::{corrupt, pg_error};
-use crate::pooled::Pooled;
+use crate::pooled::{Pooled, forget_changed_plans};
 use crate::row;
 use crate::schema::Statements;
 use crate::single::prepared;
@@ -82,12 +81,9 @@ impl PostgresStore {
 
     /// The rows a read statement answers (`sql`, prepared as `what`,
     /// failing as `doing`), tried once more when its first try met its
-    /// cached plan changed under it: a migration by a newer instance
-    /// changed a column it returns (a type or a collation) since this
-    /// connection prepared it, and the server refuses the statement
-    /// (SQLSTATE 0A000, "cached plan must not change result type") on
-    /// this connection for good. The connection's statement cache is
-    /// emptied first, so the second try prepares it again. A read changes
+    /// cached plan changed under it ([`forget_changed_plans`], which
+    /// empties every connection's cache first, so the second try prepares
+    /// it again on whichever connection it is handed). A read changes
     /// nothing, so two tries cannot do anything twice.
     async fn read(
         &self,
@@ -101,8 +97,7 @@ impl PostgresStore {
             let (client, stmt) = self.prepared(sql, what).await?;
             let answer = client.query(&stmt, params).await;
             match answer {
-                Err(e) if !tried && e.code() == Some(&SqlState::FEATURE_NOT_SUPPORTED) => {
-                    client.statement_cache.clear();
+                Err(e) if !tried && forget_changed_plans(&self.inner.pool, &e) => {
                     client.answered(());
                     tried = true;
                 }
