@@ -1,11 +1,10 @@
 //! Group commit: claims, completions and releases of concurrent requests
 //! gathered by [`idem_core::batch::Batcher`] and sent as one transaction
 //! each, in one round trip: a multi-statement text query `START
-//! TRANSACTION; ...; COMMIT; SELECT 'idem-batch-committed'` with a
-//! statement per call (and, after each fenced update or delete, `SELECT
-//! ROW_COUNT()`); the last set, the mark, says the COMMIT ran. A batch costs one
-//! round trip, one transaction and one commit (one redo log flush)
-//! instead of one each per call.
+//! TRANSACTION; ...; COMMIT; SELECT 'idem-batch-committed'`; the last
+//! set, the mark, says the COMMIT ran. A batch costs one round trip, one
+//! transaction and one commit (one redo log flush) instead of one each
+//! per call. Claims take two such steps ([`crate::batch_claims`]).
 //!
 //! Values go into the text as hex literals (`X'...'`, every column that
 //! holds text or bytes is `VARBINARY` or `BLOB`) and integers formatted
@@ -13,17 +12,17 @@
 //! can become SQL.
 //!
 //! Each call gets the answer it would get alone:
-//! - **claims** call `idem_claim_in_tx` (the claim procedure that runs in
-//!   its caller's transaction), in the order of their ids, so that two
-//!   batches lock shared rows in the same order (which makes deadlocks
-//!   between batches rare, not impossible: two claims that lose one
-//!   insert race each hold a shared lock the other must wait for; the
-//!   batch that loses is sent again a call at a time); a duplicate id in the
-//!   batch runs after the call it duplicates and, in the same
-//!   transaction, finds its claim in flight, as it would a moment later
-//!   alone;
-//! - **completions and releases** are the fenced `UPDATE` and `DELETE` of
-//!   the single path; a call that changed no row is `StaleFence`.
+//! - **claims**: [`crate::batch_claims`];
+//! - **completions** are the fenced `UPDATE` of the single path, in id
+//!   order, each also writing a token of its own call into `written_by`
+//!   ([`tokens`]); one `SELECT` of the transaction's records before the
+//!   `COMMIT` reads the tokens back: a call whose token is there completed
+//!   its record, any other changed no row and is `StaleFence` (of two
+//!   completions of one record, at most one matched its fence while it was
+//!   in progress). One statement and one result set a call fewer than a
+//!   `ROW_COUNT()` after each;
+//! - **releases** are the fenced `DELETE`, each followed by `SELECT
+//!   ROW_COUNT()` (a deleted row cannot be read back).
 //!
 //! A batch the server refuses (a deadlock with another transaction, a
 //! value it cannot store) is rolled back and its calls are sent again
@@ -36,14 +35,13 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use idem_core::batch::{BatchLost, OnRefusal, StoreBatchers, in_id_order, one_by_one};
-use idem_core::{Claim, ClaimRequest, RecordId, Settled, StoreError, StoreErrorKind};
+use idem_core::{RecordId, Settled, StoreError, StoreErrorKind};
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Row};
 
 use crate::error::my_error;
-use crate::row;
 use crate::schema::quoted;
-use crate::single::{Inner, claim_params};
+use crate::single::Inner;
 
 /// The most batches in flight at once, each on a connection of its own.
 const IN_FLIGHT: usize = 2;
@@ -66,7 +64,7 @@ pub(crate) fn spawn(inner: &Arc<Inner>) -> StoreBatchers {
     StoreBatchers::spawn(
         IN_FLIGHT,
         MAX_BATCH,
-        move |calls| claims(i1.clone(), calls, OnRefusal::OneAtATime),
+        move |calls| crate::batch_claims::claims(i1.clone(), calls, OnRefusal::OneAtATime),
         move |calls| completions(i2.clone(), calls, OnRefusal::OneAtATime),
         move |calls| releases(i3.clone(), calls, OnRefusal::OneAtATime),
     )
@@ -80,7 +78,7 @@ pub(crate) fn lost(e: BatchLost) -> StoreError {
 /// `bytes` as a hex literal. Two digits a byte from a table: `write!`
 /// with `{:02x}` went through the formatter for every byte, a few per
 /// cent of the gateway's CPU a key under load (perf, BENCHMARKS.md).
-fn hex(out: &mut String, bytes: &[u8]) {
+pub(crate) fn hex(out: &mut String, bytes: &[u8]) {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     out.reserve(bytes.len() * 2 + 3);
     out.push_str("X'");
@@ -100,14 +98,11 @@ fn fenced(out: &mut String, id: &RecordId, fence: i64) {
     hex(out, id.operation.as_str().as_bytes());
     out.push_str(" AND record_key = ");
     hex(out, id.key.as_str().as_bytes());
-    let _ = write!(
-        out,
-        " AND fence = {fence} AND status = 0;SELECT ROW_COUNT();"
-    );
+    let _ = write!(out, " AND fence = {fence} AND status = 0;");
 }
 
 /// How a batch's query ended.
-enum Sent {
+pub(crate) enum Sent {
     /// The rows of each result set that has rows, in order.
     Sets(Vec<Vec<Row>>),
     /// The server refused a statement: the transaction was rolled back
@@ -118,7 +113,7 @@ enum Sent {
 }
 
 /// Runs `query` (a whole transaction) on a pooled connection.
-async fn send(inner: &Inner, query: &str, what: &str) -> Sent {
+pub(crate) async fn send(inner: &Inner, query: &str, what: &str) -> Sent {
     let mut conn = match inner.conn().await {
         Ok(c) => c,
         Err(e) => return Sent::Down(e.kind(), e.to_string()),
@@ -162,7 +157,7 @@ async fn send(inner: &Inner, query: &str, what: &str) -> Sent {
 
 /// The mark a batch's query ends with, after its `COMMIT`: a set with
 /// this one value says the COMMIT ran.
-const COMMITTED: &str = "SELECT 'idem-batch-committed'";
+pub(crate) const COMMITTED: &str = "SELECT 'idem-batch-committed'";
 
 /// Whether the last set is the commit mark (taken off `sets`).
 fn committed(sets: &mut Vec<Vec<Row>>) -> bool {
@@ -197,85 +192,73 @@ async fn run(conn: &mut Conn, query: &str) -> Result<Vec<Vec<Row>>, mysql_async:
     Ok(sets)
 }
 
-/// The one row of each of `n` result sets, or `None` when the server
-/// answered another shape.
-fn one_row_each(sets: Vec<Vec<Row>>, n: usize) -> Option<Vec<Row>> {
-    if sets.len() != n {
-        return None;
+/// The answers of the calls a transaction carried, in their order, read
+/// from its result sets; `None` when the server answered another shape.
+pub(crate) type Answers<T> = Option<Vec<Result<T, StoreError>>>;
+
+/// Answers from one result set of one row per carried call, each read by
+/// `read`.
+pub(crate) fn one_row_each<T>(
+    read: impl Fn(usize, &Row) -> Result<T, StoreError>,
+) -> impl Fn(&[usize], Vec<Vec<Row>>) -> Answers<T> {
+    move |carried, sets| {
+        if sets.len() != carried.len() {
+            return None;
+        }
+        carried
+            .iter()
+            .zip(sets)
+            .map(|(&i, rows)| match rows.as_slice() {
+                [row] => Some(read(i, row)),
+                _ => None,
+            })
+            .collect()
     }
-    sets.into_iter()
-        .map(|mut rows| (rows.len() == 1).then(|| rows.pop()).flatten())
-        .collect()
 }
 
-fn shape_error(what: &str) -> StoreError {
+pub(crate) fn shape_error(what: &str) -> StoreError {
     StoreError::new(
         StoreErrorKind::Backend,
         format!("mysql store: a batch of {what} got answers of another shape than its calls"),
     )
 }
 
-pub(crate) async fn claims(
-    inner: Arc<Inner>,
-    calls: Vec<ClaimRequest>,
-    on_refusal: OnRefusal,
-) -> Vec<Result<Claim, StoreError>> {
-    if calls.len() == 1 {
-        return one_by_one(&calls, |req| inner.claim_one(req)).await;
-    }
-    let procedure = format!("{}.idem_claim_in_tx", quoted(&inner.database));
-    let statement = |out: &mut String, i: usize| {
-        let (scope, operation, key, fingerprint, now, lease, ttl) = claim_params(&calls[i]);
-        let _ = write!(out, "CALL {procedure}(");
-        for bytes in [
-            scope.as_bytes(),
-            operation.as_bytes(),
-            key.as_bytes(),
-            fingerprint,
-        ] {
-            hex(out, bytes);
-            out.push(',');
-        }
-        let _ = write!(out, "{now},{lease},{ttl});");
-    };
-    // One transaction, whatever its size: a server whose packet limit it
-    // passes gets each claim alone.
-    let order = in_id_order(calls.iter().map(|c| &c.id));
-    let txs = transactions(&order, usize::MAX, statement);
-    if txs
-        .iter()
-        .any(|(query, _)| query.len() > query_limit(&inner))
-    {
-        return one_by_one(&calls, |req| inner.claim_one(req)).await;
-    }
-    batched(
-        &inner,
-        &calls,
-        txs,
-        "claims",
-        |i, row| row::claim_from_row(&calls[i], Some(row)),
-        |req| inner.claim_one(req),
-        on_refusal,
-    )
-    .await
+/// The first of `n` numbers no other batch uses (`written_by`): a random
+/// start for the process, advanced by `n` a draw. Two processes collide
+/// only if their ranges overlap: about one chance in 2^64 per number
+/// drawn, and a collision needs the same record too.
+pub(crate) fn tokens(n: usize) -> i64 {
+    use std::hash::BuildHasher;
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: OnceLock<AtomicU64> = OnceLock::new();
+    let next = NEXT.get_or_init(|| {
+        // `RandomState` is seeded from the operating system's randomness.
+        AtomicU64::new(std::collections::hash_map::RandomState::new().hash_one(0u8))
+    });
+    // Wrapping, as the counter does: a token is a bit pattern, not a count.
+    next.fetch_add(n as u64, Ordering::Relaxed) as i64
 }
 
 /// The most bytes of SQL text in one query on this server: [`MAX_QUERY`],
 /// or half its `max_allowed_packet` if that is less (a query longer than
 /// the packet limit is refused by the driver itself, as a broken
 /// connection).
-fn query_limit(inner: &Inner) -> usize {
+pub(crate) fn query_limit(inner: &Inner) -> usize {
     usize::try_from(inner.max_packet / 2)
         .unwrap_or(usize::MAX)
         .min(MAX_QUERY)
 }
 
-/// The fenced statements of `calls` in `order`, cut into transactions of
-/// at most `limit` bytes, each with the positions it carries.
-fn transactions(
+/// The statements of `calls` in `order`, cut into transactions of at
+/// most `limit` bytes, each with the positions it carries and, before its
+/// `COMMIT`, the `tail` of those positions (statements that read back
+/// what the transaction did).
+pub(crate) fn transactions(
     order: &[usize],
     limit: usize,
     mut statement: impl FnMut(&mut String, usize),
+    tail: impl Fn(&[usize]) -> String,
 ) -> Vec<(String, Vec<usize>)> {
     let mut out = Vec::new();
     let mut query = String::from("START TRANSACTION;");
@@ -284,6 +267,7 @@ fn transactions(
         let mut one = String::new();
         statement(&mut one, i);
         if !carried.is_empty() && query.len() + one.len() > limit {
+            query.push_str(&tail(&carried));
             query.push_str("COMMIT;");
             query.push_str(COMMITTED);
             out.push((std::mem::take(&mut query), std::mem::take(&mut carried)));
@@ -293,6 +277,7 @@ fn transactions(
         carried.push(i);
     }
     if !carried.is_empty() {
+        query.push_str(&tail(&carried));
         query.push_str("COMMIT;");
         query.push_str(COMMITTED);
         out.push((query, carried));
@@ -300,16 +285,17 @@ fn transactions(
     out
 }
 
-/// Runs the transactions, each call's answer read from its one row by
-/// `read`; a refused transaction's calls go again alone (or fail, as
-/// `on_refusal` says), one that met the connection down fails every call
-/// it carried.
-async fn batched<'c, C, T, Fut>(
+/// Runs the transactions, the answers of the calls each carried read from
+/// its result sets by `answers_of` (in the order of the calls it carried;
+/// `None` for sets of another shape); a refused transaction's calls go
+/// again alone (or fail, as `on_refusal` says), one that met the
+/// connection down fails every call it carried.
+pub(crate) async fn batched<'c, C, T, Fut>(
     inner: &Inner,
     calls: &'c [C],
     txs: Vec<(String, Vec<usize>)>,
     what: &str,
-    read: impl Fn(usize, &Row) -> Result<T, StoreError>,
+    answers_of: impl Fn(&[usize], Vec<Vec<Row>>) -> Answers<T>,
     alone: impl Fn(&'c C) -> Fut,
     on_refusal: OnRefusal,
 ) -> Vec<Result<T, StoreError>>
@@ -319,13 +305,13 @@ where
     let mut answers: Vec<Option<Result<T, StoreError>>> = calls.iter().map(|_| None).collect();
     for (query, carried) in txs {
         match send(inner, &query, what).await {
-            Sent::Sets(sets) => match one_row_each(sets, carried.len()) {
-                Some(rows) => {
-                    for (&i, row) in carried.iter().zip(&rows) {
-                        answers[i] = Some(read(i, row));
+            Sent::Sets(sets) => match answers_of(&carried, sets) {
+                Some(read) if read.len() == carried.len() => {
+                    for (&i, answer) in carried.iter().zip(read) {
+                        answers[i] = Some(answer);
                     }
                 }
-                None => {
+                Some(_) | None => {
                     for &i in &carried {
                         answers[i] = Some(Err(shape_error(what)));
                     }
@@ -370,6 +356,9 @@ pub(crate) async fn completions(
         .iter()
         .map(|(_, _, c)| c.response.encode_headers())
         .collect();
+    // Call `i` writes the token `first + i`: a row read back with it is
+    // the record that call completed, and no other call did.
+    let first = tokens(calls.len());
     let statement = |out: &mut String, i: usize| {
         let (id, fence, c) = &calls[i];
         let _ = write!(
@@ -389,21 +378,53 @@ pub(crate) async fn completions(
         hex(out, &headers[i]);
         out.push_str(", response_body = ");
         hex(out, &c.response.body);
-        out.push_str(", lease_until = NULL");
+        let token = first.wrapping_add(i as i64);
+        let _ = write!(out, ", lease_until = NULL, written_by = {token}");
         fenced(out, id, *fence);
+    };
+    // One read of the transaction's records at its end, instead of a
+    // `ROW_COUNT()` after each statement.
+    let read_back = |carried: &[usize]| {
+        let mut out =
+            format!("SELECT written_by FROM {table} WHERE (scope, operation, record_key) IN (");
+        for (n, &i) in carried.iter().enumerate() {
+            out.push_str(if n == 0 { "(" } else { ",(" });
+            id_tuple(&mut out, &calls[i].0);
+        }
+        out.push_str(");");
+        out
+    };
+    let applied = |carried: &[usize], sets: Vec<Vec<Row>>| {
+        let mut answers: Vec<Result<Settled, StoreError>> =
+            carried.iter().map(|_| Ok(Settled::StaleFence)).collect();
+        if sets.len() > 1 {
+            return None;
+        }
+        for row in sets.iter().flatten() {
+            let token = row.get_opt::<Option<i64>, usize>(0)?.ok()?;
+            let Some(call) = token.and_then(|t| usize::try_from(t.wrapping_sub(first)).ok()) else {
+                continue;
+            };
+            // A token of another transaction of this batch (an earlier
+            // call of the id) answered its own call there.
+            if let Some(at) = carried.iter().position(|&i| i == call) {
+                answers[at] = Ok(Settled::Applied);
+            }
+        }
+        Some(answers)
     };
     // A large answer goes alone (binary), the rest in batches.
     let size = |i: usize| 2 * (calls[i].2.response.body.len() + headers[i].len());
     let (inline, big): (Vec<usize>, Vec<usize>) = in_id_order(calls.iter().map(|(id, _, _)| id))
         .into_iter()
         .partition(|&i| size(i) <= MAX_INLINE);
-    let txs = transactions(&inline, query_limit(&inner), statement);
+    let txs = transactions(&inline, query_limit(&inner), statement, read_back);
     let mut answers = batched(
         &inner,
         &calls,
         txs,
         "completions",
-        |_, row| row_count(row, "completions"),
+        applied,
         |(id, fence, c)| inner.complete_one(id, *fence, c),
         on_refusal,
     )
@@ -413,6 +434,17 @@ pub(crate) async fn completions(
         answers[i] = inner.complete_one(id, *fence, c).await;
     }
     answers
+}
+
+/// `(scope, operation, record_key)`'s values for `id`, as hex literals,
+/// and the closing parenthesis.
+pub(crate) fn id_tuple(out: &mut String, id: &RecordId) {
+    hex(out, id.scope.as_str().as_bytes());
+    out.push(',');
+    hex(out, id.operation.as_str().as_bytes());
+    out.push(',');
+    hex(out, id.key.as_str().as_bytes());
+    out.push(')');
 }
 
 pub(crate) async fn releases(
@@ -428,15 +460,16 @@ pub(crate) async fn releases(
         let (id, fence) = &calls[i];
         let _ = write!(out, "DELETE FROM {table}");
         fenced(out, id, *fence);
+        out.push_str("SELECT ROW_COUNT();");
     };
     let order = in_id_order(calls.iter().map(|(id, _)| id));
-    let txs = transactions(&order, query_limit(&inner), statement);
+    let txs = transactions(&order, query_limit(&inner), statement, |_| String::new());
     batched(
         &inner,
         &calls,
         txs,
         "releases",
-        |_, row| row_count(row, "releases"),
+        one_row_each(|_, row| row_count(row, "releases")),
         |(id, fence)| inner.release_one(id, *fence),
         on_refusal,
     )

@@ -23,7 +23,13 @@ fn claim_batch(
     on_refusal: OnRefusal,
 ) -> impl Fn(Vec<ClaimRequest>) -> BoxFuture<'static, Vec<Result<Claim, StoreError>>> {
     let inner = store.inner.clone();
-    move |calls| Box::pin(batch::claims(inner.clone(), calls, on_refusal))
+    move |calls| {
+        Box::pin(crate::batch_claims::claims(
+            inner.clone(),
+            calls,
+            on_refusal,
+        ))
+    }
 }
 
 fn complete_batch(

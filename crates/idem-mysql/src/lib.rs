@@ -24,9 +24,11 @@
 //!   alone goes at once, without waiting for others. Every other
 //!   operation is one statement and one round trip, prepared and cached
 //!   per connection. A claim calls the `idem_claim` procedure (created by
-//!   the migration; `idem_claim_in_tx` in a batch), which locks the
-//!   record, decides by docs/contract.md, *Records and their state
-//!   machine*, and writes.
+//!   the migration), which locks the record, decides by docs/contract.md,
+//!   *Records and their state machine*, and writes. A batch inserts its
+//!   new keys in one statement and reads back the rows it wrote by a token
+//!   of its own (`written_by`, migration 3); its other calls run
+//!   `idem_claim_in_tx` (`batch_claims.rs`).
 //! - The tables live in a database of their own (default `idem`), created
 //!   and migrated on connect under a named lock (`GET_LOCK`), so instances
 //!   that start together migrate once. A schema newer than this code is
@@ -53,6 +55,7 @@
 
 mod atomic;
 mod batch;
+mod batch_claims;
 mod builder;
 mod durability;
 mod error;

@@ -49,6 +49,12 @@ const MIGRATIONS: &[&[&str]] = &[
     counter BIGINT         NOT NULL,
     PRIMARY KEY (place)
 ) ENGINE = InnoDB"#],
+    // 3: the batch that inserted a record (`batch.rs`): a number drawn
+    // for each batch of claims, written by its one insert of the keys
+    // that have no record, so that the batch reads back its own rows and
+    // no other's. A record claimed alone, taken over or renewed by the
+    // claim procedure has none. Added as the last column (instant).
+    &["ALTER TABLE {d}.idem_records ADD COLUMN written_by BIGINT NULL"],
 ];
 
 /// The claim procedure: docs/contract.md, *Records and their state

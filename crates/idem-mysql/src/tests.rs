@@ -420,7 +420,12 @@ fn a_version_1_database_gets_its_epoch_table_on_connect() {
             .await
             .unwrap();
         conn.query_drop(format!(
-            "DELETE FROM `{database}`.idem_migrations WHERE version = 2"
+            "ALTER TABLE `{database}`.idem_records DROP COLUMN written_by"
+        ))
+        .await
+        .unwrap();
+        conn.query_drop(format!(
+            "DELETE FROM `{database}`.idem_migrations WHERE version >= 2"
         ))
         .await
         .unwrap();
@@ -445,6 +450,36 @@ fn a_version_1_database_gets_its_epoch_table_on_connect() {
             .await
             .unwrap();
         assert_eq!(version, Some(schema::VERSION));
+        // Version 3's column is back, and a batch of new keys (which
+        // writes it) acquires them.
+        let columns: Option<i64> = conn
+            .query_first(format!(
+                "SELECT COUNT(*) FROM information_schema.columns \
+                 WHERE table_schema = '{database}' AND table_name = 'idem_records' \
+                 AND column_name = 'written_by'"
+            ))
+            .await
+            .unwrap();
+        assert_eq!(columns, Some(1));
+        drop(conn);
+        let ids: Vec<_> = (0..8)
+            .map(|n| idem_testkit::unique_id(&format!("my-migrate-v1-new-{n}")))
+            .collect();
+        let claims: Vec<_> = ids
+            .iter()
+            .map(|id| {
+                let store = store.clone();
+                let req = idem_testkit::request(id, "{}", idem_testkit::t0());
+                tokio::spawn(async move { store.claim(&req).await })
+            })
+            .collect();
+        for claim in claims {
+            let claim = claim.await.unwrap();
+            assert!(
+                matches!(claim, Ok(idem_core::Claim::Acquired(_))),
+                "{claim:?}"
+            );
+        }
     });
 }
 
