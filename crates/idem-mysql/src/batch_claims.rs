@@ -1,14 +1,13 @@
 //! A batch of claims ([`crate::batch`]), in two steps, each one
 //! transaction and one round trip:
-//! - **new keys, set-wise**: the first call of each id whose key has no
-//!   record is inserted by one `INSERT ... SELECT ... WHERE NOT EXISTS`,
-//!   every row with the batch's token in `written_by`; the rows with that
-//!   token are read back (their fences) in the same transaction, so the
-//!   batch answers acquired exactly the calls whose rows it inserted, and
-//!   no row another transaction wrote (a key claimed meanwhile is not
-//!   inserted: its insert waits for the other transaction and then fails
-//!   on the duplicate, and the batch is refused and sent a call at a
-//!   time);
+//! - **new keys, set-wise**: the first call of each id is inserted by one
+//!   multi-row `INSERT ... VALUES ... ON DUPLICATE KEY UPDATE` that leaves
+//!   a key with a record as it is, every new row with the batch's token in
+//!   `written_by`; the rows with that token are read back (their fences)
+//!   in the same transaction, so the batch answers acquired exactly the
+//!   calls whose rows it inserted, and no row another transaction wrote (a
+//!   key another transaction inserts meanwhile makes this insert wait for
+//!   it, and is then left as theirs);
 //! - **the rest**: every other call (a key that has a record, live,
 //!   lapsed or expired, or a later call of an id the first step inserted)
 //!   calls `idem_claim_in_tx` in id order in one transaction, as the batch
@@ -136,11 +135,17 @@ pub(crate) async fn claims(
 }
 
 /// The first step of a batch of claims, one transaction: the first call of
-/// each id whose key has no record, inserted by one statement with this
-/// batch's token (`written_by`), then those rows read back by the token
-/// and their ids, in the columns of the claim procedure's answer
-/// (acquired), with the id after them. A key that has a record (live or
-/// not) is left alone; its calls go to the claim procedure.
+/// each id, inserted by one multi-row `INSERT ... VALUES` with this batch's
+/// token (`written_by`), where a key that has a record (live or not, or
+/// inserted meanwhile by another transaction, once that commits) is left
+/// as it is (`ON DUPLICATE KEY UPDATE` of nothing: no row changes, and no
+/// other error is turned into a warning, as `INSERT IGNORE` would); then
+/// the rows with the token read back by their ids, in the columns of the
+/// claim procedure's answer (acquired), with the id after them. A list of
+/// values, not an `INSERT ... SELECT`: InnoDB holds its table-wide
+/// AUTO-INC lock for the whole of an insert whose rows it cannot count
+/// ahead (lock modes 0 and 1, MariaDB's default), which would hold every
+/// other insert of the table behind a row this one waits for.
 fn new_keys_query(inner: &Inner, calls: &[ClaimRequest], order: &[usize]) -> String {
     let table = format!("{}.idem_records", quoted(&inner.database));
     let token = tokens(1);
@@ -154,45 +159,28 @@ fn new_keys_query(inner: &Inner, calls: &[ClaimRequest], order: &[usize]) -> Str
         }
         last = Some(&req.id);
         let (scope, operation, key, fingerprint, now, lease, ttl) = claim_params(req);
-        // The first row names the columns; the others follow it.
         let first = values.is_empty();
-        values.push_str(if first {
-            "SELECT "
-        } else {
-            " UNION ALL SELECT "
-        });
-        ids.push_str(if ids.is_empty() { "(" } else { ",(" });
+        values.push_str(if first { "(" } else { ",(" });
+        ids.push_str(if first { "(" } else { ",(" });
         id_tuple(&mut ids, &req.id);
-        for (n, bytes) in [
+        for bytes in [
             scope.as_bytes(),
             operation.as_bytes(),
             key.as_bytes(),
             fingerprint,
-        ]
-        .into_iter()
-        .enumerate()
-        {
+        ] {
             hex(&mut values, bytes);
-            if first {
-                let _ = write!(values, " AS c{n}");
-            }
             values.push(',');
         }
-        if first {
-            let _ = write!(values, "{now} AS c4,{lease} AS c5,{ttl} AS c6");
-        } else {
-            let _ = write!(values, "{now},{lease},{ttl}");
-        }
+        let _ = write!(values, "0,{now},{now}+{lease},{now}+{ttl},{token})");
     }
     let mut query = String::with_capacity(values.len() + ids.len() + 512);
     let _ = write!(
         query,
         "START TRANSACTION;\
          INSERT INTO {table} (scope, operation, record_key, fingerprint, status, created_at, \
-         lease_until, expires_at, written_by) \
-         SELECT v.c0, v.c1, v.c2, v.c3, 0, v.c4, v.c4 + v.c5, v.c4 + v.c6, {token} \
-         FROM ({values}) AS v WHERE NOT EXISTS (SELECT 1 FROM {table} AS r \
-         WHERE r.scope = v.c0 AND r.operation = v.c1 AND r.record_key = v.c2);\
+         lease_until, expires_at, written_by) VALUES {values} \
+         ON DUPLICATE KEY UPDATE status = status;\
          SELECT 0, fence, created_at, lease_until, expires_at, 0, NULL, NULL, NULL, NULL, \
          scope, operation, record_key FROM {table} \
          WHERE written_by = {token} AND (scope, operation, record_key) IN ({ids});\

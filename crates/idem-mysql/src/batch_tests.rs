@@ -160,3 +160,87 @@ fn batched_values_are_stored_byte_for_byte() {
         }
     });
 }
+
+/// A batch whose new key another transaction has inserted and not yet
+/// committed waits for that row alone: a claim of an unrelated key meanwhile
+/// is not held up (an insert whose rows InnoDB cannot count ahead holds
+/// the table's AUTO-INC lock while it waits, and held every insert of the
+/// table, seen as a 4 s stall and then error 1467). When the other
+/// transaction rolls back, the batch inserts its key and acquires both.
+#[test]
+fn a_batch_waiting_on_one_row_holds_up_no_other_insert() {
+    let Some(url) = TestMysql::url() else {
+        return;
+    };
+    rt().block_on(async {
+        use idem_core::Store;
+        use mysql_async::prelude::Queryable;
+        let guard = TestMysql::fresh(&url).await;
+        let store = guard.store();
+        let database = store.database().to_owned();
+        let held = unique_id("held-by-another");
+        let beside = RecordId::new(
+            held.scope.clone(),
+            held.operation.clone(),
+            idem_core::Key::new("beside").unwrap(),
+        );
+        let unrelated = unique_id("unrelated");
+        // Another transaction inserts `held` and stays open.
+        let mut other = store.conn().await.unwrap();
+        other.query_drop("START TRANSACTION").await.unwrap();
+        other
+            .exec_drop(
+                format!(
+                    "INSERT INTO `{database}`.idem_records (scope, operation, record_key, \
+                     fingerprint, status, created_at, lease_until, expires_at) \
+                     VALUES (?, ?, ?, X'00', 0, 0, 1, 1)"
+                ),
+                (
+                    held.scope.as_str(),
+                    held.operation.as_str(),
+                    held.key.as_str(),
+                ),
+            )
+            .await
+            .unwrap();
+        let batch = claim_batch(store, OnRefusal::FailAll);
+        let calls = vec![
+            idem_testkit::request(&held, "{}", idem_testkit::t0()),
+            idem_testkit::request(&beside, "{}", idem_testkit::t0()),
+        ];
+        let waiting = tokio::spawn(batch(calls));
+        // Until the batch waits on the row (a bounded poll of the server's
+        // lock waits, not a sleep standing in for it).
+        let mut watcher = store.conn().await.unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(4);
+        loop {
+            let waits: Option<i64> = watcher
+                .query_first("SELECT COUNT(*) FROM information_schema.innodb_lock_waits")
+                .await
+                .unwrap();
+            if waits.unwrap_or(0) > 0 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the batch never waited on the row"
+            );
+            tokio::task::yield_now().await;
+        }
+        // A claim of another key goes through while the batch waits, well
+        // inside the lock wait timeout (5 s).
+        let alone = tokio::time::timeout(
+            std::time::Duration::from_secs(3),
+            store.claim(&idem_testkit::request(&unrelated, "{}", idem_testkit::t0())),
+        )
+        .await
+        .expect("a claim of another key was held up by the waiting batch");
+        assert!(matches!(alone, Ok(Claim::Acquired(_))), "{alone:?}");
+        other.query_drop("ROLLBACK").await.unwrap();
+        let answers = waiting.await.unwrap();
+        assert!(
+            answers.iter().all(|a| matches!(a, Ok(Claim::Acquired(_)))),
+            "{answers:?}"
+        );
+    });
+}

@@ -134,6 +134,9 @@ impl MysqlStoreBuilder {
                 // created, and so runs, under this mode too).
                 "SET SESSION sql_mode = 'STRICT_ALL_TABLES,NO_ENGINE_SUBSTITUTION,ERROR_FOR_DIVISION_BY_ZERO'".to_owned(),
                 "SET SESSION autocommit = 1".to_owned(),
+                // Every row a statement reads, whatever limit the server's
+                // default sets: a batch reads back one row a call.
+                "SET SESSION sql_select_limit = 18446744073709551615".to_owned(),
                 // Row locks and metadata locks (an ALTER, LOCK TABLES, a
                 // backup's FLUSH TABLES WITH READ LOCK) alike.
                 format!("SET SESSION innodb_lock_wait_timeout = {lock_wait}"),

@@ -6,8 +6,10 @@ use idem_core::{StoreError, StoreErrorKind};
 /// Server error codes that mean "try again later": a lock wait timeout
 /// (1205), a deadlock (1213), too many connections (1040), a server
 /// shutting down (1053), a statement interrupted by its time limit (1317,
-/// 1969 on MariaDB, 3024 on MySQL), the server gone (2006, 2013).
-const UNAVAILABLE: &[u16] = &[1040, 1053, 1205, 1213, 1317, 1969, 2006, 2013, 3024];
+/// 1969 on MariaDB, 3024 on MySQL), the server gone (2006, 2013), an
+/// auto-increment value not had in time (1467: the table's AUTO-INC lock
+/// waited out, which InnoDB also reports for a deadlock on it).
+const UNAVAILABLE: &[u16] = &[1040, 1053, 1205, 1213, 1317, 1467, 1969, 2006, 2013, 3024];
 
 /// A driver error: connection trouble and the codes above are
 /// `Unavailable` (503 material); the rest is `Backend`.

@@ -294,9 +294,14 @@ async fn apply(conn: &mut Conn, database: &str) -> Result<(), StoreError> {
                     &claim_procedure("idem_claim_in_tx", false),
                 )
                 .replace("{d}", database);
-            conn.query_drop(sql)
-                .await
-                .map_err(|e| my_error("applying a migration", e))?;
+            match conn.query_drop(sql).await {
+                Ok(()) => {}
+                // A column or an index that is already there (1060, 1061):
+                // this statement ran before a crash kept its migration from
+                // being recorded. MySQL 8 has no `ADD COLUMN IF NOT EXISTS`.
+                Err(mysql_async::Error::Server(e)) if e.code == 1060 || e.code == 1061 => {}
+                Err(e) => return Err(my_error("applying a migration", e)),
+            }
         }
         conn.exec_drop(
             format!("INSERT INTO {database}.idem_migrations (version) VALUES (?)"),
