@@ -1,4 +1,4 @@
-//! A batch of claims ([`crate::batch`]), in two steps, each one
+//! A batch of claims (`batch.rs`), in two steps, each one
 //! transaction and one round trip:
 //! - **new keys, set-wise**: the first call of each id is inserted by one
 //!   multi-row `INSERT ... VALUES ... ON DUPLICATE KEY UPDATE` that leaves
@@ -26,7 +26,7 @@ use idem_core::batch::{OnRefusal, in_id_order, one_by_one};
 use idem_core::{Claim, ClaimRequest, StoreError};
 use mysql_async::Row;
 
-use crate::batch::{
+use crate::batch_query::{
     COMMITTED, Sent, batched, hex, id_tuple, one_row_each, query_limit, send, shape_error, tokens,
     transactions,
 };
@@ -142,10 +142,12 @@ pub(crate) async fn claims(
 /// other error is turned into a warning, as `INSERT IGNORE` would); then
 /// the rows with the token read back by their ids, in the columns of the
 /// claim procedure's answer (acquired), with the id after them. A list of
-/// values, not an `INSERT ... SELECT`: InnoDB holds its table-wide
-/// AUTO-INC lock for the whole of an insert whose rows it cannot count
-/// ahead (lock modes 0 and 1, MariaDB's default), which would hold every
-/// other insert of the table behind a row this one waits for.
+/// values, not an `INSERT ... SELECT`: in lock mode 1 (MariaDB's
+/// default) InnoDB holds its table-wide AUTO-INC lock for the whole of an
+/// insert whose rows it cannot count ahead, which would hold every other
+/// insert of the table behind a row this one waits for; a list of values
+/// takes it only for a moment (in mode 0 every insert holds it to its
+/// end, this one too).
 fn new_keys_query(inner: &Inner, calls: &[ClaimRequest], order: &[usize]) -> String {
     let table = format!("{}.idem_records", quoted(&inner.database));
     let token = tokens(1);

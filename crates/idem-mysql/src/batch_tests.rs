@@ -210,12 +210,19 @@ fn a_batch_waiting_on_one_row_holds_up_no_other_insert() {
         ];
         let waiting = tokio::spawn(batch(calls));
         // Until the batch waits on the row (a bounded poll of the server's
-        // lock waits, not a sleep standing in for it).
+        // transactions waiting for a lock in a statement on this test's
+        // table, not a sleep standing in for it; `innodb_trx` is on MySQL 8
+        // and MariaDB alike).
         let mut watcher = store.conn().await.unwrap();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(4);
+        let table = format!("%{database}%idem_records%");
         loop {
             let waits: Option<i64> = watcher
-                .query_first("SELECT COUNT(*) FROM information_schema.innodb_lock_waits")
+                .exec_first(
+                    "SELECT COUNT(*) FROM information_schema.innodb_trx \
+                     WHERE trx_state = 'LOCK WAIT' AND trx_query LIKE ?",
+                    (table.as_str(),),
+                )
                 .await
                 .unwrap();
             if waits.unwrap_or(0) > 0 {

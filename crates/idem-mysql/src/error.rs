@@ -8,7 +8,9 @@ use idem_core::{StoreError, StoreErrorKind};
 /// shutting down (1053), a statement interrupted by its time limit (1317,
 /// 1969 on MariaDB, 3024 on MySQL), the server gone (2006, 2013), an
 /// auto-increment value not had in time (1467: the table's AUTO-INC lock
-/// waited out, which InnoDB also reports for a deadlock on it).
+/// waited out, which InnoDB also reports for a deadlock on it; it is also
+/// what a counter that fails for good says, which then answers 503 until
+/// an operator looks: closed either way).
 const UNAVAILABLE: &[u16] = &[1040, 1053, 1205, 1213, 1317, 1467, 1969, 2006, 2013, 3024];
 
 /// A driver error: connection trouble and the codes above are

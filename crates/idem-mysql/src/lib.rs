@@ -56,6 +56,7 @@
 mod atomic;
 mod batch;
 mod batch_claims;
+mod batch_query;
 mod builder;
 mod durability;
 mod error;

@@ -54,8 +54,21 @@ const MIGRATIONS: &[&[&str]] = &[
     // that have no record, so that the batch reads back its own rows and
     // no other's. A record claimed alone, taken over or renewed by the
     // claim procedure has none. Added as the last column (instant).
+    // Run only where the column is missing ([`ADDED_COLUMNS`]): MySQL 8
+    // has no `ADD COLUMN IF NOT EXISTS`.
     &["ALTER TABLE {d}.idem_records ADD COLUMN written_by BIGINT NULL"],
 ];
+
+/// The statements of [`MIGRATIONS`] that add a column, each with the
+/// table and the column: run only where the column is missing, so that a
+/// migration cut off after the statement and before its record (a crash)
+/// runs again. Matched by the whole statement, never by an error code (a
+/// duplicate column in another statement is a mistake to report).
+const ADDED_COLUMNS: &[(&str, &str, &str)] = &[(
+    "ALTER TABLE {d}.idem_records ADD COLUMN written_by BIGINT NULL",
+    "idem_records",
+    "written_by",
+)];
 
 /// The claim procedure: docs/contract.md, *Records and their state
 /// machine*, in one round trip. Outcomes as `idem_core::ClaimCode`:
@@ -254,7 +267,7 @@ pub(crate) async fn migrate(conn: &mut Conn, database: &str) -> Result<(), Store
             "mysql store: another instance held the migration lock for 60 s",
         ));
     }
-    let applied = apply(conn, &quoted).await;
+    let applied = apply(conn, database, &quoted).await;
     let released = conn
         .exec_drop("SELECT RELEASE_LOCK(?)", (lock.as_str(),))
         .await
@@ -262,7 +275,7 @@ pub(crate) async fn migrate(conn: &mut Conn, database: &str) -> Result<(), Store
     applied.and(released)
 }
 
-async fn apply(conn: &mut Conn, database: &str) -> Result<(), StoreError> {
+async fn apply(conn: &mut Conn, name: &str, database: &str) -> Result<(), StoreError> {
     conn.query_drop(format!(
         "CREATE TABLE IF NOT EXISTS {database}.idem_migrations (
              version INT PRIMARY KEY,
@@ -287,6 +300,19 @@ async fn apply(conn: &mut Conn, database: &str) -> Result<(), StoreError> {
     }
     for (i, statements) in MIGRATIONS.iter().enumerate().skip(current.max(0) as usize) {
         for sql in *statements {
+            if let Some((_, table, column)) = ADDED_COLUMNS.iter().find(|(s, _, _)| s == sql) {
+                let there: Option<i64> = conn
+                    .exec_first(
+                        "SELECT COUNT(*) FROM information_schema.columns \
+                         WHERE table_schema = ? AND table_name = ? AND column_name = ?",
+                        (name, *table, *column),
+                    )
+                    .await
+                    .map_err(|e| my_error("reading the tables' columns", e))?;
+                if there.unwrap_or(0) > 0 {
+                    continue;
+                }
+            }
             let sql = sql
                 .replace("{claim_procedure}", &claim_procedure("idem_claim", true))
                 .replace(
@@ -294,14 +320,9 @@ async fn apply(conn: &mut Conn, database: &str) -> Result<(), StoreError> {
                     &claim_procedure("idem_claim_in_tx", false),
                 )
                 .replace("{d}", database);
-            match conn.query_drop(sql).await {
-                Ok(()) => {}
-                // A column or an index that is already there (1060, 1061):
-                // this statement ran before a crash kept its migration from
-                // being recorded. MySQL 8 has no `ADD COLUMN IF NOT EXISTS`.
-                Err(mysql_async::Error::Server(e)) if e.code == 1060 || e.code == 1061 => {}
-                Err(e) => return Err(my_error("applying a migration", e)),
-            }
+            conn.query_drop(sql)
+                .await
+                .map_err(|e| my_error("applying a migration", e))?;
         }
         conn.exec_drop(
             format!("INSERT INTO {database}.idem_migrations (version) VALUES (?)"),
