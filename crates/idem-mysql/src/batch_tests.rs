@@ -211,10 +211,10 @@ fn a_batch_waiting_on_one_row_holds_up_no_other_insert() {
         let waiting = tokio::spawn(batch(calls));
         // Until the batch waits on the row (a bounded poll of the server's
         // transactions waiting for a lock in a statement on this test's
-        // table, not a sleep standing in for it; `innodb_trx` is on MySQL 8
-        // and MariaDB alike).
+        // table: the test goes on only once the server says so; `innodb_trx`
+        // is on MySQL 8 and MariaDB alike).
         let mut watcher = store.conn().await.unwrap();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(4);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         let table = format!("%{database}%idem_records%");
         loop {
             let waits: Option<i64> = watcher
@@ -232,7 +232,10 @@ fn a_batch_waiting_on_one_row_holds_up_no_other_insert() {
                 std::time::Instant::now() < deadline,
                 "the batch never waited on the row"
             );
-            tokio::task::yield_now().await;
+            // InnoDB refreshes what `innodb_trx` shows only when it was
+            // not read for 100 ms: a tighter poll would read the same
+            // stale picture for ever.
+            tokio::time::sleep(std::time::Duration::from_millis(150)).await;
         }
         // A claim of another key goes through while the batch waits, well
         // inside the lock wait timeout (5 s).
