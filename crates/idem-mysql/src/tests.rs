@@ -399,6 +399,25 @@ fn durability_reports_the_log_flush_and_the_binlog_sync() {
     });
 }
 
+/// A new instance on `database` (pool of 2), which migrates it.
+async fn reopen(url: &str, database: &str) -> Result<MysqlStore, idem_core::StoreError> {
+    MysqlStore::builder(url)
+        .database(database)
+        .pool_size(2)
+        .connect()
+        .await
+}
+
+/// The last migration recorded in `database`.
+async fn schema_version(store: &MysqlStore, database: &str) -> Option<i32> {
+    let mut conn = store.conn().await.unwrap();
+    conn.query_first(format!(
+        "SELECT MAX(version) FROM `{database}`.idem_migrations"
+    ))
+    .await
+    .unwrap()
+}
+
 /// A migration whose statements ran but whose record did not (a crash
 /// between them) runs again on the next connect: an added column that is
 /// already there counts as added, and the connect succeeds.
@@ -415,20 +434,13 @@ fn a_migration_cut_off_before_its_record_runs_again() {
         .await
         .unwrap();
         drop(conn);
-        let store = MysqlStore::builder(&url)
-            .database(&database)
-            .pool_size(2)
-            .connect()
+        let store = reopen(&url, &database)
             .await
             .expect("the column of migration 3 is there: it counts as added");
-        let mut conn = store.conn().await.unwrap();
-        let version: Option<i32> = conn
-            .query_first(format!(
-                "SELECT MAX(version) FROM `{database}`.idem_migrations"
-            ))
-            .await
-            .unwrap();
-        assert_eq!(version, Some(schema::VERSION));
+        assert_eq!(
+            schema_version(&store, &database).await,
+            Some(schema::VERSION)
+        );
     });
 }
 
@@ -463,26 +475,18 @@ fn a_version_1_database_gets_its_epoch_table_on_connect() {
         .await
         .unwrap();
         drop(conn);
-        let store = MysqlStore::builder(&url)
-            .database(&database)
-            .pool_size(2)
-            .connect()
-            .await
-            .unwrap();
+        let store = reopen(&url, &database).await.unwrap();
         assert!(store.get(&id, idem_testkit::t0()).await.unwrap().is_some());
         let marks = store.advance_epoch("after-v1").await.unwrap();
         assert_eq!(
             marks,
             [idem_core::EpochMark::new("store", "after-v1", 1, true)]
         );
+        assert_eq!(
+            schema_version(&store, &database).await,
+            Some(schema::VERSION)
+        );
         let mut conn = store.conn().await.unwrap();
-        let version: Option<i32> = conn
-            .query_first(format!(
-                "SELECT MAX(version) FROM `{database}`.idem_migrations"
-            ))
-            .await
-            .unwrap();
-        assert_eq!(version, Some(schema::VERSION));
         // Version 3's column is back, and a batch of new keys (which
         // writes it) acquires them.
         let columns: Option<i64> = conn
