@@ -19,7 +19,8 @@ end
 if r[1] ~= '0' or r[2] ~= ARGV[1] then
   return 0
 end
-redis.call('HSET', KEYS[1], 'st', ARGV[2], 'rid', ARGV[3], 'rs', ARGV[4], 'rh', ARGV[5], 'rb', ARGV[6])
-redis.call('HDEL', KEYS[1], 'lu')
+-- A finished record has no lease: its lease end is written empty, which
+-- every reader takes as none (as an absent field), in the same call.
+redis.call('HSET', KEYS[1], 'st', ARGV[2], 'lu', '', 'rid', ARGV[3], 'rs', ARGV[4], 'rh', ARGV[5], 'rb', ARGV[6])
 redis.call('ZREM', KEYS[2], KEYS[1])
 return 1
