@@ -197,6 +197,92 @@ fn extend_lease_raises_the_redis_ttls() {
     });
 }
 
+/// A completion writes the lease end empty in the hash (one `HSET`, no
+/// `HDEL`), and a record finished by the previous script, whose lease
+/// field is missing, reads the same through every path: instances of
+/// both versions share a prefix during an upgrade.
+#[test]
+fn a_finished_lease_reads_alike_empty_or_missing() {
+    let Some(url) = TestRedis::url() else { return };
+    rt().block_on(async {
+        let g = TestRedis::fresh(&url).await;
+        let store = g.store();
+        let mut conn = store.conn.get();
+        let mut finished = Vec::new();
+        for (name, drop_field) in [("redis-lu-empty-01", false), ("redis-lu-gone-001", true)] {
+            let id = unique_id(name);
+            let Claim::Acquired(lease) = store.claim(&request(&id, "{}", t0())).await.unwrap()
+            else {
+                panic!("claim");
+            };
+            let done = idem_core::Completion::completed(idem_testkit::response(201, "lu"))
+                .with_resource_id("r-1");
+            assert_eq!(
+                store.complete(&id, lease.fence, done, t0()).await.unwrap(),
+                Settled::Applied
+            );
+            let lu: Option<Vec<u8>> = redis::cmd("HGET")
+                .arg(store.record_key(&id))
+                .arg("lu")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            assert_eq!(lu, Some(Vec::new()), "the lease end is written empty");
+            if drop_field {
+                // As the previous completion script left it.
+                let _: i64 = redis::cmd("HDEL")
+                    .arg(store.record_key(&id))
+                    .arg("lu")
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+            }
+            let read = store.get(&id, t0()).await.unwrap().expect("the record");
+            let found = store
+                .find_by_key(&id.scope, &id.key, t0(), 10)
+                .await
+                .unwrap();
+            let Claim::Replay(replayed) = store.claim(&request(&id, "{}", t0())).await.unwrap()
+            else {
+                panic!("a replay");
+            };
+            assert_eq!(read.lease_until, None);
+            assert_eq!(found, vec![read.clone()]);
+            assert_eq!(*replayed, read);
+            // A heartbeat of the finished record changes nothing.
+            assert_eq!(
+                store
+                    .extend_lease(&id, lease.fence, t0() + Duration::from_secs(60), t0())
+                    .await
+                    .unwrap(),
+                Settled::StaleFence
+            );
+            assert_eq!(store.get(&id, t0()).await.unwrap(), Some(read.clone()));
+            finished.push(read);
+        }
+        // The two records differ only in what identifies them.
+        let [a, b] = &finished[..] else {
+            panic!("two records");
+        };
+        assert_eq!(
+            (
+                a.status,
+                &a.response,
+                &a.resource_id,
+                a.lease_until,
+                a.expires_at
+            ),
+            (
+                b.status,
+                &b.response,
+                &b.resource_id,
+                b.lease_until,
+                b.expires_at
+            )
+        );
+    });
+}
+
 /// The (scope, key) index: written by the claim with a TTL at least the
 /// record's expiry, left behind by release, cleaned by the look-up.
 #[test]
