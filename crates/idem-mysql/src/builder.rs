@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::{StoreError, StoreErrorKind};
+use idem_core::{MigrationLockWaits, StoreError, StoreErrorKind};
 use mysql_async::{Opts, OptsBuilder, Pool, PoolConstraints, PoolOpts};
 
 use crate::error::my_error;
@@ -20,6 +20,7 @@ pub struct MysqlStoreBuilder {
     pool_size: usize,
     wait: Duration,
     lock_wait: Duration,
+    migration_locks: MigrationLockWaits,
 }
 
 /// Without the URL, which may hold a password.
@@ -30,6 +31,7 @@ impl std::fmt::Debug for MysqlStoreBuilder {
             .field("pool_size", &self.pool_size)
             .field("wait", &self.wait)
             .field("lock_wait", &self.lock_wait)
+            .field("migration_locks", &self.migration_locks)
             .finish_non_exhaustive()
     }
 }
@@ -58,6 +60,7 @@ impl MysqlStoreBuilder {
             pool_size: 16,
             wait: Duration::from_secs(5),
             lock_wait: Duration::from_secs(5),
+            migration_locks: MigrationLockWaits::default(),
         }
     }
 
@@ -89,6 +92,21 @@ impl MysqlStoreBuilder {
         self
     }
 
+    /// How long a migration's statement waits for a table's lock at each
+    /// try (`lock_wait_timeout`: whole seconds, rounded up, at least 1),
+    /// and how many tries it makes before [`connect`](Self::connect)
+    /// fails as `Unavailable`. Claims queue behind a statement that waits
+    /// for a table's metadata lock, so each try holds them up at most
+    /// `wait`; between tries they pass. A migration that adds a column
+    /// needs every transaction that holds a record (atomic mode's
+    /// executions, an operator's session) to end within one `wait`:
+    /// where some routinely take longer, raise it, or migrate from one
+    /// instance at a quiet hour. Default 1 s, 3 tries.
+    pub fn migration_lock_wait(mut self, wait: Duration, tries: u32) -> Self {
+        self.migration_locks = MigrationLockWaits::new(wait, tries);
+        self
+    }
+
     /// Checks the URL and the database name as [`connect`](Self::connect)
     /// reads them, without connecting. The message names what is wrong,
     /// never the URL.
@@ -115,7 +133,7 @@ impl MysqlStoreBuilder {
         let constraints = PoolConstraints::new(0, self.pool_size).ok_or_else(|| {
             StoreError::new(StoreErrorKind::Setup, "mysql store: pool size out of range")
         })?;
-        let lock_wait = self.lock_wait.as_secs().max(1);
+        let lock_wait = self.session_lock_wait();
         // Connections stay in the pool (idle ones for 5 minutes) with their
         // session as set here and their prepared statements: no reset on
         // return, which would undo the settings and the statement cache.
@@ -145,6 +163,12 @@ impl MysqlStoreBuilder {
             .into())
     }
 
+    /// The sessions' lock waits (row and metadata locks), in the whole
+    /// seconds the server takes.
+    fn session_lock_wait(&self) -> u64 {
+        self.lock_wait.as_secs().max(1)
+    }
+
     /// Connects, creates the database and migrates it.
     ///
     /// # Errors
@@ -163,7 +187,13 @@ impl MysqlStoreBuilder {
             })?
             .map_err(|e| my_error("connecting", e))?;
         let max_packet = schema::check_server(&mut conn).await?;
-        schema::migrate(&mut conn, &self.database).await?;
+        schema::migrate(
+            &mut conn,
+            &self.database,
+            self.migration_locks,
+            self.session_lock_wait(),
+        )
+        .await?;
         drop(conn);
         let inner = Arc::new(Inner {
             pool,

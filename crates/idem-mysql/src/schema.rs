@@ -4,7 +4,7 @@
 use mysql_async::Conn;
 use mysql_async::prelude::Queryable;
 
-use idem_core::{StoreError, StoreErrorKind};
+use idem_core::{MigrationLockWaits, StoreError, StoreErrorKind};
 
 use crate::error::my_error;
 
@@ -247,8 +247,22 @@ pub(crate) fn valid_database_name(name: &str) -> bool {
 }
 
 /// Creates the database if needed and applies missing migrations, under a
-/// named lock so that instances starting together migrate once.
-pub(crate) async fn migrate(conn: &mut Conn, database: &str) -> Result<(), StoreError> {
+/// named lock so that instances starting together migrate once. A
+/// statement that waits for a table's metadata lock (an `ALTER` behind a
+/// transaction that holds a record: atomic mode's execution, an
+/// operator's session) waits at most `locks`' wait (`lock_wait_timeout`,
+/// whole seconds rounded up): every later statement on the table queues
+/// behind it meanwhile. Its migration is then tried again, as
+/// [`MigrationLockWaits`] says (each statement is written to be re-run),
+/// and after the last try the start fails as `Unavailable`. The
+/// connection leaves with the pool's lock wait, `session_lock_wait`
+/// seconds.
+pub(crate) async fn migrate(
+    conn: &mut Conn,
+    database: &str,
+    locks: MigrationLockWaits,
+    session_lock_wait: u64,
+) -> Result<(), StoreError> {
     let quoted = quoted(database);
     conn.query_drop(format!("CREATE DATABASE IF NOT EXISTS {quoted}"))
         .await
@@ -267,12 +281,55 @@ pub(crate) async fn migrate(conn: &mut Conn, database: &str) -> Result<(), Store
             "mysql store: another instance held the migration lock for 60 s",
         ));
     }
-    let applied = apply(conn, database, &quoted).await;
+    let applied = apply_in_tries(conn, database, &quoted, locks).await;
+    let restored = conn
+        .query_drop(format!(
+            "SET SESSION lock_wait_timeout = {session_lock_wait}"
+        ))
+        .await
+        .map_err(|e| my_error("restoring the session's lock wait", e));
     let released = conn
         .exec_drop("SELECT RELEASE_LOCK(?)", (lock.as_str(),))
         .await
         .map_err(|e| my_error("releasing the migration lock", e));
-    applied.and(released)
+    applied.and(restored).and(released)
+}
+
+/// [`apply`] with its lock waits bounded, tried again while they run out.
+async fn apply_in_tries(
+    conn: &mut Conn,
+    name: &str,
+    database: &str,
+    locks: MigrationLockWaits,
+) -> Result<(), StoreError> {
+    let seconds = u64::try_from(locks.wait().as_millis().div_ceil(1000))
+        .unwrap_or(u64::MAX)
+        .max(1);
+    conn.query_drop(format!("SET SESSION lock_wait_timeout = {seconds}"))
+        .await
+        .map_err(|e| my_error("bounding the migration's lock waits", e))?;
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match apply(conn, name, database).await {
+            Err(e) if lock_wait_ran_out(&e) => {
+                locks
+                    .pause_or_give_up(tries, "mysql", &format!("database {name}"), e)
+                    .await?;
+            }
+            answer => return answer,
+        }
+    }
+}
+
+/// Whether `e` is the server's "lock wait timeout exceeded" (1205): a
+/// metadata lock (`lock_wait_timeout`) or a row lock
+/// (`innodb_lock_wait_timeout`) waited out.
+fn lock_wait_ran_out(e: &StoreError) -> bool {
+    matches!(
+        e.cause().and_then(|c| c.downcast_ref::<mysql_async::Error>()),
+        Some(mysql_async::Error::Server(server)) if server.code == 1205
+    )
 }
 
 async fn apply(conn: &mut Conn, name: &str, database: &str) -> Result<(), StoreError> {

@@ -444,6 +444,97 @@ fn a_migration_cut_off_before_its_record_runs_again() {
     });
 }
 
+/// Whether `database`'s records table has migration 3's column.
+async fn has_written_by(store: &MysqlStore, database: &str) -> bool {
+    let mut conn = store.conn().await.unwrap();
+    let columns: Option<i64> = conn
+        .query_first(format!(
+            "SELECT COUNT(*) FROM information_schema.columns \
+             WHERE table_schema = '{database}' AND table_name = 'idem_records' \
+             AND column_name = 'written_by'"
+        ))
+        .await
+        .unwrap();
+    columns == Some(1)
+}
+
+/// A migration whose `ALTER` cannot have the records table's metadata
+/// lock (a transaction that read a record is still open) waits at most
+/// one wait a try, pauses between tries, and after the last gives up as
+/// unavailable with nothing of it recorded or applied; once the
+/// transaction ends, the next start migrates.
+#[test]
+fn a_migration_that_cannot_have_its_lock_gives_up_with_nothing_applied() {
+    use std::time::Duration;
+    let Some(url) = TestMysql::url() else { return };
+    rt().block_on(async {
+        let old = TestMysql::fresh(&url).await;
+        let database = old.store().database().to_owned();
+        let mut conn = old.store().conn().await.unwrap();
+        conn.query_drop(format!(
+            "ALTER TABLE `{database}`.idem_records DROP COLUMN written_by"
+        ))
+        .await
+        .unwrap();
+        conn.query_drop(format!(
+            "DELETE FROM `{database}`.idem_migrations WHERE version = 3"
+        ))
+        .await
+        .unwrap();
+        // Holds a shared metadata lock on the table until it commits.
+        let mut holder = old.store().conn().await.unwrap();
+        holder.query_drop("START TRANSACTION").await.unwrap();
+        let _: Option<i64> = holder
+            .query_first(format!("SELECT COUNT(*) FROM `{database}`.idem_records"))
+            .await
+            .unwrap();
+        let wait = Duration::from_secs(1);
+        let started = std::time::Instant::now();
+        let refused = tokio::time::timeout(
+            Duration::from_secs(60),
+            MysqlStore::builder(&url)
+                .database(&database)
+                .pool_size(2)
+                .migration_lock_wait(wait, 3)
+                .connect(),
+        )
+        .await
+        .expect("the migration gives up in bounded time")
+        .expect_err("the lock is held");
+        let elapsed = started.elapsed();
+        assert_eq!(refused.kind(), idem_core::StoreErrorKind::Unavailable);
+        assert!(
+            refused.to_string().contains("3 waits of 1000 ms"),
+            "{refused}"
+        );
+        // Three waits, and pauses of half a wait and a whole one.
+        assert!(elapsed >= wait * 3, "gave up after {elapsed:?}");
+        assert_eq!(schema_version(old.store(), &database).await, Some(2));
+        assert!(!has_written_by(old.store(), &database).await);
+        holder.query_drop("COMMIT").await.unwrap();
+        // A pool of one: its connection is the one that migrated.
+        let store = MysqlStore::builder(&url)
+            .database(&database)
+            .pool_size(1)
+            .connect()
+            .await
+            .unwrap();
+        assert_eq!(
+            schema_version(&store, &database).await,
+            Some(schema::VERSION)
+        );
+        assert!(has_written_by(&store, &database).await);
+        // It goes on with the store's own lock wait (5 s), not the
+        // migration's.
+        let mut conn = store.conn().await.unwrap();
+        let session: Option<u64> = conn
+            .query_first("SELECT @@SESSION.lock_wait_timeout")
+            .await
+            .unwrap();
+        assert_eq!(session, Some(5));
+    });
+}
+
 /// A database at schema 1 (before the epoch) is migrated on connect: the
 /// epoch table is created beside the records, which are kept, and the
 /// first epoch is written by the first advance.
@@ -486,19 +577,9 @@ fn a_version_1_database_gets_its_epoch_table_on_connect() {
             schema_version(&store, &database).await,
             Some(schema::VERSION)
         );
-        let mut conn = store.conn().await.unwrap();
         // Version 3's column is back, and a batch of new keys (which
         // writes it) acquires them.
-        let columns: Option<i64> = conn
-            .query_first(format!(
-                "SELECT COUNT(*) FROM information_schema.columns \
-                 WHERE table_schema = '{database}' AND table_name = 'idem_records' \
-                 AND column_name = 'written_by'"
-            ))
-            .await
-            .unwrap();
-        assert_eq!(columns, Some(1));
-        drop(conn);
+        assert!(has_written_by(&store, &database).await);
         let ids: Vec<_> = (0..8)
             .map(|n| idem_testkit::unique_id(&format!("my-migrate-v1-new-{n}")))
             .collect();

@@ -25,7 +25,7 @@ pub struct PostgresStoreBuilder {
     pool_size: usize,
     batches_in_flight: usize,
     migrate: bool,
-    migration_locks: schema::LockWaits,
+    migration_locks: idem_core::MigrationLockWaits,
     wait: Duration,
     statement_timeout: Duration,
     /// Trusted CA certificates (PEM) instead of the system's roots.
@@ -78,7 +78,7 @@ impl PostgresStoreBuilder {
             pool_size: 16,
             batches_in_flight: crate::batch::IN_FLIGHT,
             migrate: true,
-            migration_locks: schema::LockWaits::default(),
+            migration_locks: idem_core::MigrationLockWaits::default(),
             wait: Duration::from_secs(5),
             statement_timeout: Duration::from_secs(5),
             ca_pem: None,
@@ -172,7 +172,7 @@ impl PostgresStoreBuilder {
     /// one instance at a quiet hour. Default 1 s, 3 tries; `wait` at least
     /// 1 ms, `tries` at least 1.
     pub fn migration_lock_wait(mut self, wait: Duration, tries: u32) -> Self {
-        self.migration_locks = schema::LockWaits::new(wait, tries);
+        self.migration_locks = idem_core::MigrationLockWaits::new(wait, tries);
         self
     }
 

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use deadpool_postgres::Client;
-use idem_core::StoreError;
+use idem_core::{MigrationLockWaits, StoreError};
 use tokio_postgres::error::SqlState;
 
 use crate::error::pg_error;
@@ -308,58 +308,25 @@ pub(crate) fn valid_schema_name(name: &str) -> bool {
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
 }
 
-/// How long a migration waits for a table's lock at each try, and how
-/// many tries it makes (`PostgresStoreBuilder::migration_lock_wait`).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct LockWaits {
-    wait: Duration,
-    tries: u32,
-}
-
-impl Default for LockWaits {
-    fn default() -> LockWaits {
-        LockWaits::new(Duration::from_secs(1), 3)
-    }
-}
-
-impl LockWaits {
-    pub(crate) fn new(wait: Duration, tries: u32) -> LockWaits {
-        LockWaits {
-            wait: wait.max(Duration::from_millis(1)),
-            tries: tries.max(1),
-        }
-    }
-}
-
-/// Creates the schema and applies missing migrations. A migration that
-/// cannot have a table's lock within `locks`' wait (a transaction holds a
-/// record: atomic mode's execution, an operator's session) is rolled back
-/// and tried again after a pause (half the wait, then the whole wait, and
-/// so on), up to `locks`' tries; then the start fails as `Unavailable`,
-/// with nothing of it applied.
+/// Creates the schema and applies missing migrations, in one transaction
+/// a try. A try that cannot have a table's lock within `locks`' wait (a
+/// transaction holds a record: atomic mode's execution, an operator's
+/// session) is rolled back and tried again, as [`MigrationLockWaits`]
+/// says; then the start fails as `Unavailable`, with nothing of it
+/// applied.
 pub(crate) async fn migrate(
     client: &mut Client,
     schema: &str,
-    locks: LockWaits,
+    locks: MigrationLockWaits,
 ) -> Result<(), StoreError> {
     let mut tries = 0;
     loop {
         tries += 1;
-        match migrate_once(client, schema, locks.wait).await {
+        match migrate_once(client, schema, locks.wait()).await {
             Err(e) if lock_not_available(&e) => {
-                if tries >= locks.tries {
-                    return Err(StoreError::new(
-                        idem_core::StoreErrorKind::Unavailable,
-                        format!(
-                            "postgres store: migrating schema {schema}: a lock it needs was held \
-                             by another transaction through {tries} waits of {} ms; nothing \
-                             was applied, start again (or raise the wait)",
-                            locks.wait.as_millis()
-                        ),
-                    )
-                    .with_source(e));
-                }
-                tokio::time::sleep(locks.wait / 2 * tries).await;
+                locks
+                    .pause_or_give_up(tries, "postgres", &format!("schema {schema}"), e)
+                    .await?;
             }
             answer => return answer,
         }
