@@ -31,7 +31,10 @@
 //!   `idem_claim_in_tx` (`batch_claims.rs`).
 //! - The tables live in a database of their own (default `idem`), created
 //!   and migrated on connect under a named lock (`GET_LOCK`), so instances
-//!   that start together migrate once. A schema newer than this code is
+//!   that start together migrate once. A migration's statement waits for
+//!   a table's lock at most 1 s a try, three tries
+//!   ([`migration_lock_wait`](MysqlStoreBuilder::migration_lock_wait)),
+//!   since claims queue behind it. A schema newer than this code is
 //!   refused. Beside `idem_records` (schema 1) and `idem_migrations`,
 //!   `idem_epoch` (schema 2) holds one row, the store's epoch id and
 //!   counter ([`Store::advance_epoch`](idem_core::Store::advance_epoch),

@@ -408,6 +408,14 @@ async fn reopen(url: &str, database: &str) -> Result<MysqlStore, idem_core::Stor
         .await
 }
 
+/// Runs `statements` in order on a connection of `store`.
+async fn execute(store: &MysqlStore, statements: &[String]) {
+    let mut conn = store.conn().await.unwrap();
+    for sql in statements {
+        conn.query_drop(sql).await.unwrap();
+    }
+}
+
 /// The last migration recorded in `database`.
 async fn schema_version(store: &MysqlStore, database: &str) -> Option<i32> {
     let mut conn = store.conn().await.unwrap();
@@ -427,13 +435,13 @@ fn a_migration_cut_off_before_its_record_runs_again() {
     rt().block_on(async {
         let old = TestMysql::fresh(&url).await;
         let database = old.store().database().to_owned();
-        let mut conn = old.store().conn().await.unwrap();
-        conn.query_drop(format!(
-            "DELETE FROM `{database}`.idem_migrations WHERE version = 3"
-        ))
-        .await
-        .unwrap();
-        drop(conn);
+        execute(
+            old.store(),
+            &[format!(
+                "DELETE FROM `{database}`.idem_migrations WHERE version = 3"
+            )],
+        )
+        .await;
         let store = reopen(&url, &database)
             .await
             .expect("the column of migration 3 is there: it counts as added");
@@ -470,17 +478,14 @@ fn a_migration_that_cannot_have_its_lock_gives_up_with_nothing_applied() {
     rt().block_on(async {
         let old = TestMysql::fresh(&url).await;
         let database = old.store().database().to_owned();
-        let mut conn = old.store().conn().await.unwrap();
-        conn.query_drop(format!(
-            "ALTER TABLE `{database}`.idem_records DROP COLUMN written_by"
-        ))
-        .await
-        .unwrap();
-        conn.query_drop(format!(
-            "DELETE FROM `{database}`.idem_migrations WHERE version = 3"
-        ))
-        .await
-        .unwrap();
+        execute(
+            old.store(),
+            &[
+                format!("ALTER TABLE `{database}`.idem_records DROP COLUMN written_by"),
+                format!("DELETE FROM `{database}`.idem_migrations WHERE version = 3"),
+            ],
+        )
+        .await;
         // Holds a shared metadata lock on the table until it commits.
         let mut holder = old.store().conn().await.unwrap();
         holder.query_drop("START TRANSACTION").await.unwrap();
@@ -551,21 +556,15 @@ fn a_version_1_database_gets_its_epoch_table_on_connect() {
             .await
             .unwrap();
         assert!(matches!(claim, idem_core::Claim::Acquired(_)));
-        let mut conn = old.store().conn().await.unwrap();
-        conn.query_drop(format!("DROP TABLE `{database}`.idem_epoch"))
-            .await
-            .unwrap();
-        conn.query_drop(format!(
-            "ALTER TABLE `{database}`.idem_records DROP COLUMN written_by"
-        ))
-        .await
-        .unwrap();
-        conn.query_drop(format!(
-            "DELETE FROM `{database}`.idem_migrations WHERE version >= 2"
-        ))
-        .await
-        .unwrap();
-        drop(conn);
+        execute(
+            old.store(),
+            &[
+                format!("DROP TABLE `{database}`.idem_epoch"),
+                format!("ALTER TABLE `{database}`.idem_records DROP COLUMN written_by"),
+                format!("DELETE FROM `{database}`.idem_migrations WHERE version >= 2"),
+            ],
+        )
+        .await;
         let store = reopen(&url, &database).await.unwrap();
         assert!(store.get(&id, idem_testkit::t0()).await.unwrap().is_some());
         let marks = store.advance_epoch("after-v1").await.unwrap();

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use idem_core::{MemoryStore, Store, StoreError};
+use idem_core::{MemoryStore, MigrationLockWaits, Store, StoreError};
 
 use crate::url::StoreUrl;
 
@@ -37,8 +37,22 @@ impl StoreUrl {
     /// `ca_pem` replaces the system's roots for a TLS connection to it
     /// (network stores only; see [`StoreUrl::check_ca`]).
     pub async fn open(&self, ca_pem: Option<&[u8]>) -> Result<Arc<dyn Store>, OpenError> {
+        self.open_migrating(ca_pem, MigrationLockWaits::default())
+            .await
+    }
+
+    /// As [`StoreUrl::open`], a PostgreSQL or MySQL schema's migration
+    /// waiting for a table's lock as `locks` says (ignored by the other
+    /// stores).
+    async fn open_migrating(
+        &self,
+        ca_pem: Option<&[u8]>,
+        locks: MigrationLockWaits,
+    ) -> Result<Arc<dyn Store>, OpenError> {
         #[cfg(not(any(feature = "postgres", feature = "redis")))]
         let _ = ca_pem;
+        #[cfg(not(any(feature = "postgres", feature = "mysql")))]
+        let _ = locks;
         Ok(match self {
             StoreUrl::Memory => Arc::new(MemoryStore::new()),
             StoreUrl::Sqlite(path) => {
@@ -50,7 +64,12 @@ impl StoreUrl {
                 })?)
             }
             #[cfg(feature = "postgres")]
-            StoreUrl::Postgres(url) => self.connect_postgres(postgres(url, ca_pem)).await?,
+            StoreUrl::Postgres(url) => {
+                self.connect_postgres(
+                    postgres(url, ca_pem).migration_lock_wait(locks.wait(), locks.tries()),
+                )
+                .await?
+            }
             #[cfg(feature = "redis")]
             StoreUrl::Redis(url) => Arc::new(
                 ca_pem
@@ -65,6 +84,7 @@ impl StoreUrl {
             #[cfg(feature = "mysql")]
             StoreUrl::Mysql(url) => Arc::new(
                 idem_mysql::MysqlStore::builder(url)
+                    .migration_lock_wait(locks.wait(), locks.tries())
                     .connect()
                     .await
                     .map_err(|source| self.unreachable(source))?,
@@ -78,20 +98,27 @@ impl StoreUrl {
     /// ([`StoreUrl::connection_per_thread`]) it keeps the smallest share
     /// (`PostgresStoreBuilder::smallest_share`: a pool of 4), so that the
     /// gateway holds about one pool in all; otherwise as [`StoreUrl::open`].
+    /// A PostgreSQL or MySQL schema's migration waits for a table's lock
+    /// as `locks` says.
     pub async fn open_main(
         &self,
         ca_pem: Option<&[u8]>,
         threads: usize,
+        locks: MigrationLockWaits,
     ) -> Result<Arc<dyn Store>, OpenError> {
         match self {
             #[cfg(feature = "postgres")]
             StoreUrl::Postgres(url) if self.connection_per_thread(threads) => {
-                self.connect_postgres(postgres(url, ca_pem).smallest_share())
-                    .await
+                self.connect_postgres(
+                    postgres(url, ca_pem)
+                        .smallest_share()
+                        .migration_lock_wait(locks.wait(), locks.tries()),
+                )
+                .await
             }
             _ => {
                 let _ = threads;
-                self.open(ca_pem).await
+                self.open_migrating(ca_pem, locks).await
             }
         }
     }

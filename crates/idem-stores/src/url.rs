@@ -161,6 +161,19 @@ impl StoreUrl {
         }
     }
 
+    /// Whether opening the store creates or migrates a schema on a server
+    /// (PostgreSQL, MySQL), whose migration may wait for a table's lock
+    /// ([`idem_core::MigrationLockWaits`]).
+    pub fn migrates_a_server_schema(&self) -> bool {
+        match self {
+            #[cfg(feature = "postgres")]
+            StoreUrl::Postgres(_) => true,
+            #[cfg(feature = "mysql")]
+            StoreUrl::Mysql(_) => true,
+            _ => false,
+        }
+    }
+
     /// Whether the store is reached over TLS where the URL asks for it (and
     /// so a CA for it applies). The MySQL store has no TLS yet.
     pub fn speaks_tls(&self) -> bool {

@@ -72,6 +72,9 @@ struct Effective {
     header_timeout: String,
     body_timeout: String,
     store_timeout: String,
+    /// Only for the stores that migrate a schema on a server.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    store_migration_lock_wait: Option<String>,
     upstream_timeout: String,
     upstream_idle_timeout: String,
     shutdown_grace: String,
@@ -139,6 +142,10 @@ impl From<&GatewayConfig> for Effective {
             header_timeout: duration(cfg.header_timeout),
             body_timeout: duration(cfg.body_timeout),
             store_timeout: duration(cfg.store_timeout),
+            store_migration_lock_wait: cfg
+                .store
+                .migrates_a_server_schema()
+                .then(|| duration(cfg.store_migration_locks.wait())),
             upstream_timeout: duration(cfg.upstream_timeout),
             upstream_idle_timeout: duration(cfg.upstream_idle_timeout),
             shutdown_grace: duration(cfg.shutdown_grace),

@@ -379,6 +379,12 @@ pub(crate) struct ServeArgs {
     /// lease.
     #[arg(long, env = "IDEM_STORE_TIMEOUT")]
     pub(crate) store_timeout: Option<String>,
+    /// How long a PostgreSQL or MySQL schema migration at start-up waits
+    /// for a table's lock at each of its 3 tries; claims to the store
+    /// queue behind it meanwhile, and after the last try the start fails
+    /// [default: 1s; MySQL rounds up to whole seconds].
+    #[arg(long, env = "IDEM_STORE_MIGRATION_LOCK_WAIT")]
+    pub(crate) store_migration_lock_wait: Option<String>,
     /// How long to wait for the upstream's answer [default: 25s].
     #[arg(long, env = "IDEM_UPSTREAM_TIMEOUT")]
     pub(crate) upstream_timeout: Option<String>,

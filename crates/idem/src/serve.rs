@@ -29,7 +29,11 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
         .context("cannot install the metrics recorder")?;
     let store = cfg
         .store
-        .open_main(cfg.store_ca.as_ref().map(CaFile::pem), cfg.threads)
+        .open_main(
+            cfg.store_ca.as_ref().map(CaFile::pem),
+            cfg.threads,
+            cfg.store_migration_locks,
+        )
         .await?;
     crate::durability::check(
         store.as_ref(),

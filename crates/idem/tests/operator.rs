@@ -192,6 +192,7 @@ fingerprint_fields = ["/amount"]
         "max_body = \"1MiB\"",
         "upstream_idle_timeout = \"4s\"",
         "upstream_timeout = \"25s\"",
+        "store_migration_lock_wait = \"1s\"",
         "listen = \"127.0.0.1:8080\"",
         "[[route]]",
         "path = \"/accounts/{id}/transfers\"",
@@ -221,6 +222,81 @@ fingerprint_fields = ["/amount"]
         "203.0.113.1:80",
     ]);
     assert_eq!(code, 0, "{err}");
+}
+
+/// `--store-migration-lock-wait`: shown and read back for the stores
+/// that migrate a schema on a server, refused out of its bounds and for
+/// any other store.
+#[test]
+fn the_migration_lock_wait_is_for_server_schemas_and_bounded() {
+    let pg = "postgres://postgres@127.0.0.1:1/none";
+    let my = "mysql://root@127.0.0.1:1/none";
+    for store in [pg, my] {
+        let (code, out, err) = idem_with(
+            &[
+                "check-config",
+                "--upstream",
+                "http://127.0.0.1:1",
+                "--store",
+                store,
+            ],
+            &[("IDEM_STORE_MIGRATION_LOCK_WAIT", "250ms")],
+            "",
+        );
+        assert_eq!(code, 0, "{err}");
+        assert!(
+            out.lines()
+                .any(|l| l == "store_migration_lock_wait = \"250ms\""),
+            "{out}"
+        );
+        let (_dir, again) = config(&out);
+        let (code, out2, err) = idem(&["check-config", "--config", &again]);
+        assert_eq!((code, out2), (0, out), "{err}");
+    }
+    let (code, out, err) = idem(&[
+        "check-config",
+        "--upstream",
+        "http://127.0.0.1:1",
+        "--store",
+        "memory:",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!out.contains("store_migration_lock_wait"), "{out}");
+    for (store, wait, says) in [
+        (pg, "0s", "--store-migration-lock-wait must be between"),
+        (my, "9ms", "--store-migration-lock-wait must be between"),
+        (pg, "61s", "--store-migration-lock-wait must be between"),
+        (pg, "-1s", "store-migration-lock-wait"),
+        (pg, "1 s; DROP", "store-migration-lock-wait"),
+        (
+            "memory:",
+            "1s",
+            "--store-migration-lock-wait is for a PostgreSQL or MySQL store; --store is memory:",
+        ),
+        (
+            "sqlite:x.db",
+            "1s",
+            "--store-migration-lock-wait is for a PostgreSQL or MySQL store",
+        ),
+        (
+            "redis://127.0.0.1:1",
+            "1s",
+            "--store-migration-lock-wait is for a PostgreSQL or MySQL store",
+        ),
+    ] {
+        let flag = format!("--store-migration-lock-wait={wait}");
+        let (code, _, err) = idem(&[
+            "serve",
+            "--upstream",
+            "http://127.0.0.1:1",
+            "--store",
+            store,
+            &flag,
+        ]);
+        assert_eq!(code, 2, "{store} {wait}: {err}");
+        assert!(err.contains(says), "{store} {wait}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+    }
 }
 
 #[test]

@@ -513,3 +513,99 @@ fn the_demo_holds_its_invariants_through_store_faults_on_postgres() {
     };
     the_demo_through_store_faults(&["--store", &url]);
 }
+
+/// `--store-migration-lock-wait` reaches the PostgreSQL migration, with an
+/// instance per serving thread (2 threads) and without (5): while a
+/// session holds the records table (a transaction that read it), a start
+/// whose migration needs the table's lock gives up after three waits of
+/// the flag's length, and the next start, once the session ends,
+/// migrates and serves. In a database of its own, dropped afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_whose_migration_waits_for_a_lock_gives_up_after_the_flags_waits() {
+    let Some(url) = idem_testkit::backend_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL") else {
+        return;
+    };
+    let connect = |url: String| async move {
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        client
+    };
+    let admin = connect(url.clone()).await;
+    let database = format!("idem_lock_wait_{}", std::process::id());
+    admin
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {database}"))
+        .await
+        .unwrap();
+    admin
+        .batch_execute(&format!("CREATE DATABASE {database}"))
+        .await
+        .unwrap();
+    let (head, _) = url.rsplit_once('/').unwrap();
+    let store = format!("{head}/{database}");
+    let (_up, up) = upstream();
+    // The first start creates the schema.
+    drop(gateway(&up, &store, &[]).await);
+    for threads in ["2", "5"] {
+        let session = connect(store.clone()).await;
+        // Schema 6 again: its migration takes the table's lock.
+        session
+            .batch_execute("DELETE FROM idem.idem_migrations WHERE version = 6")
+            .await
+            .unwrap();
+        session
+            .batch_execute("BEGIN; SELECT count(*) FROM idem.idem_records;")
+            .await
+            .unwrap();
+        let started = std::time::Instant::now();
+        let args: Vec<String> = [
+            "serve",
+            "--upstream",
+            &up,
+            "--store",
+            &store,
+            "--threads",
+            threads,
+            "--store-migration-lock-wait",
+            "200ms",
+        ]
+        .iter()
+        .map(|a| (*a).to_owned())
+        .collect();
+        let (code, _, err) = tokio::task::spawn_blocking(move || {
+            idem(&args.iter().map(String::as_str).collect::<Vec<_>>())
+        })
+        .await
+        .unwrap();
+        assert_ne!(code, 0, "{threads} threads: {err}");
+        assert!(
+            err.contains("3 waits of 200 ms"),
+            "{threads} threads: {err}"
+        );
+        assert!(
+            started.elapsed() >= std::time::Duration::from_millis(600),
+            "{threads} threads: gave up after {:?}",
+            started.elapsed()
+        );
+        let version: i32 = session
+            .query_one("SELECT max(version) FROM idem.idem_migrations", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(version, 5, "nothing of migration 6 recorded");
+        session.batch_execute("COMMIT").await.unwrap();
+        let g = gateway(&up, &store, &["--threads", threads]).await;
+        let version: i32 = session
+            .query_one("SELECT max(version) FROM idem.idem_migrations", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(version, 6);
+        drop(g);
+    }
+    admin
+        .batch_execute(&format!("DROP DATABASE {database} WITH (FORCE)"))
+        .await
+        .unwrap();
+}

@@ -37,6 +37,7 @@ pub(crate) struct FileConfig {
     pub(super) max_connections: Option<usize>,
     pub(super) threads: Option<usize>,
     pub(super) store_timeout: Option<String>,
+    pub(super) store_migration_lock_wait: Option<String>,
     pub(super) upstream_timeout: Option<String>,
     pub(super) upstream_idle_timeout: Option<String>,
     pub(super) shutdown_grace: Option<String>,

@@ -77,6 +77,8 @@ pub(crate) struct GatewayConfig {
     pub(crate) max_connections: usize,
     pub(crate) threads: usize,
     pub(crate) store_timeout: Duration,
+    /// How a PostgreSQL or MySQL schema migration waits for a table's lock.
+    pub(crate) store_migration_locks: idem_core::MigrationLockWaits,
     pub(crate) upstream_timeout: Duration,
     pub(crate) upstream_idle_timeout: Duration,
     pub(crate) shutdown_grace: Duration,
@@ -178,6 +180,7 @@ impl GatewayConfig {
             max_connections: limits.max_connections?,
             threads: limits.threads?,
             store_timeout: store.timeout?,
+            store_migration_locks: store.migration_locks?,
             upstream_timeout: upstream.timeout?,
             upstream_idle_timeout: upstream.idle_timeout?,
             shutdown_grace: limits.shutdown_grace?,

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use http::{HeaderName, header};
-use idem_core::{KeyPolicy, Policy, Takeover};
+use idem_core::{KeyPolicy, MigrationLockWaits, Policy, Takeover};
 
 use super::file::FileConfig;
 use super::problems::Problems;
@@ -151,6 +151,7 @@ pub(super) struct Store {
     pub(super) url: Option<StoreUrl>,
     pub(super) ca: Option<Option<CaFile>>,
     pub(super) timeout: Option<Duration>,
+    pub(super) migration_locks: Option<MigrationLockWaits>,
 }
 
 pub(super) fn store(s: &Sources<'_>, p: &mut Problems) -> Store {
@@ -190,7 +191,33 @@ pub(super) fn store(s: &Sources<'_>, p: &mut Problems) -> Store {
         Duration::from_millis(10),
         Duration::from_secs(60),
     ));
-    Store { url, ca, timeout }
+    let migration_lock_wait = pick(
+        &args.store_migration_lock_wait,
+        &file.store_migration_lock_wait,
+    );
+    let migration_locks = match (&url, &migration_lock_wait) {
+        (Some(url), Some(_)) if !url.migrates_a_server_schema() => {
+            p.add(format!(
+                "--store-migration-lock-wait is for a PostgreSQL or MySQL store; --store is {url}"
+            ));
+            None
+        }
+        _ => p
+            .check(bounded_duration(
+                migration_lock_wait.as_ref(),
+                "store-migration-lock-wait",
+                MigrationLockWaits::default().wait(),
+                Duration::from_millis(10),
+                Duration::from_secs(60),
+            ))
+            .map(|wait| MigrationLockWaits::new(wait, MigrationLockWaits::default().tries())),
+    };
+    Store {
+        url,
+        ca,
+        timeout,
+        migration_locks,
+    }
 }
 
 /// `--ttl`, `--lease` and `--wait`: the default policy, and the parts a
