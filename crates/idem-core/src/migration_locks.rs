@@ -23,6 +23,11 @@ use crate::{StoreError, StoreErrorKind};
 
 /// The shortest wait a try may have.
 const SHORTEST_WAIT: Duration = Duration::from_millis(1);
+/// The longest wait a try may have: claims queue behind a waiting
+/// migration, and a start that waits longer is an outage of its own.
+const LONGEST_WAIT: Duration = Duration::from_secs(3600);
+/// The most tries.
+const MOST_TRIES: u32 = 100;
 
 /// A migration's lock waits: `wait` a try, `tries` in all.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,11 +44,12 @@ impl Default for MigrationLockWaits {
 }
 
 impl MigrationLockWaits {
-    /// `wait` a try (at least 1 ms), `tries` in all (at least 1).
+    /// `wait` a try (1 ms to 1 h), `tries` in all (1 to 100); values
+    /// outside are taken as the nearest bound.
     pub fn new(wait: Duration, tries: u32) -> MigrationLockWaits {
         MigrationLockWaits {
-            wait: wait.max(SHORTEST_WAIT),
-            tries: tries.max(1),
+            wait: wait.clamp(SHORTEST_WAIT, LONGEST_WAIT),
+            tries: tries.clamp(1, MOST_TRIES),
         }
     }
 
@@ -55,6 +61,22 @@ impl MigrationLockWaits {
     /// How many tries are made.
     pub fn tries(&self) -> u32 {
         self.tries
+    }
+
+    /// The longest a migration can take in waits and pauses before it
+    /// gives up: every try's wait, and the pauses between them. Another
+    /// instance waiting for the same migration's lock must wait at least
+    /// this long.
+    pub fn longest(&self) -> Duration {
+        let pauses = (1..self.tries).fold(Duration::ZERO, |sum, made| {
+            sum.saturating_add(self.pause(made))
+        });
+        self.wait.saturating_mul(self.tries).saturating_add(pauses)
+    }
+
+    /// The pause after try number `tries_made` whose wait ran out.
+    fn pause(&self, tries_made: u32) -> Duration {
+        (self.wait / 2).saturating_mul(tries_made)
     }
 
     /// After try number `tries_made` (from 1) whose lock wait ran out
@@ -85,7 +107,7 @@ impl MigrationLockWaits {
             )
             .with_source(error));
         }
-        tokio::time::sleep(self.wait / 2 * tries_made).await;
+        tokio::time::sleep(self.pause(tries_made)).await;
         Ok(())
     }
 }
@@ -99,11 +121,19 @@ mod tests {
     }
 
     #[test]
-    fn waits_and_tries_have_a_floor() {
+    fn waits_and_tries_are_bounded() {
         let w = MigrationLockWaits::new(Duration::ZERO, 0);
         assert_eq!((w.wait(), w.tries()), (Duration::from_millis(1), 1));
+        let w = MigrationLockWaits::new(Duration::MAX, u32::MAX);
+        assert_eq!((w.wait(), w.tries()), (Duration::from_secs(3600), 100));
+        // 100 waits of an hour, and pauses of half an hour times 1..=99.
+        assert_eq!(
+            w.longest(),
+            Duration::from_secs(100 * 3600 + 1800 * (99 * 100 / 2))
+        );
         let d = MigrationLockWaits::default();
         assert_eq!((d.wait(), d.tries()), (Duration::from_secs(1), 3));
+        assert_eq!(d.longest(), Duration::from_millis(4500));
     }
 
     /// Tries whose waits all run out: a pause after each but the last

@@ -1,6 +1,8 @@
 //! The tables, the claim procedure, their migrations and the statements
 //! the store runs. `{d}` stands for the database holding idem's tables.
 
+use std::time::Duration;
+
 use mysql_async::Conn;
 use mysql_async::prelude::Queryable;
 
@@ -271,14 +273,21 @@ pub(crate) async fn migrate(
     // name shares its lock with others of the same prefix, which only
     // serialises their migrations.
     let lock = format!("idem-migrate-{}", &database[..database.len().min(51)]);
+    // The server waits in whole seconds: the tries, pauses and message go
+    // by the wait it keeps.
+    let seconds = locks.wait().as_secs() + u64::from(locks.wait().subsec_nanos() > 0);
+    let locks = MigrationLockWaits::new(Duration::from_secs(seconds), locks.tries());
+    // Another instance's migration may take all its tries and pauses:
+    // wait that long for it, and a minute more for its statements.
+    let patience = locks.longest().as_secs().saturating_add(60);
     let locked: Option<i64> = conn
-        .exec_first("SELECT GET_LOCK(?, 60)", (lock.as_str(),))
+        .exec_first("SELECT GET_LOCK(?, ?)", (lock.as_str(), patience))
         .await
         .map_err(|e| my_error("taking the migration lock", e))?;
     if locked != Some(1) {
         return Err(StoreError::new(
             StoreErrorKind::Unavailable,
-            "mysql store: another instance held the migration lock for 60 s",
+            format!("mysql store: another instance held the migration lock for {patience} s"),
         ));
     }
     let applied = apply_in_tries(conn, database, &quoted, locks).await;
@@ -295,19 +304,20 @@ pub(crate) async fn migrate(
     applied.and(restored).and(released)
 }
 
-/// [`apply`] with its lock waits bounded, tried again while they run out.
+/// [`apply`] with its lock waits bounded at `locks`' wait (whole
+/// seconds), tried again while they run out.
 async fn apply_in_tries(
     conn: &mut Conn,
     name: &str,
     database: &str,
     locks: MigrationLockWaits,
 ) -> Result<(), StoreError> {
-    let seconds = u64::try_from(locks.wait().as_millis().div_ceil(1000))
-        .unwrap_or(u64::MAX)
-        .max(1);
-    conn.query_drop(format!("SET SESSION lock_wait_timeout = {seconds}"))
-        .await
-        .map_err(|e| my_error("bounding the migration's lock waits", e))?;
+    conn.query_drop(format!(
+        "SET SESSION lock_wait_timeout = {}",
+        locks.wait().as_secs().max(1)
+    ))
+    .await
+    .map_err(|e| my_error("bounding the migration's lock waits", e))?;
     let mut tries = 0;
     loop {
         tries += 1;

@@ -449,13 +449,20 @@ fn reads_prepared_before_a_migration_changed_their_columns_prepare_again() {
 /// holds a record, as atomic mode's execution does) waits a bounded time
 /// at each of a bounded number of tries, so claims do not queue behind it
 /// for good; then the start fails as unavailable, with nothing applied,
-/// and succeeds once the lock is free.
+/// and succeeds once the lock is free. Two instances start together: the
+/// second waits for the first's migration lock, which is held through the
+/// pauses, so reads of the table get through during each pause (with the
+/// lock let go at each try's end, the other instance's try took the
+/// pause's place, and reads waited almost throughout).
 #[test]
 fn a_migration_that_cannot_have_its_lock_gives_up_with_nothing_applied() {
     let Some(url) = TestPostgres::url() else {
         return;
     };
     rt().block_on(async {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::time::{Duration, Instant};
         let (guard, schema, id) = one_claim(&url, "pg-migrate-held").await;
         let mut holder = guard.store().pool().get().await.unwrap();
         holder
@@ -471,7 +478,7 @@ fn a_migration_that_cannot_have_its_lock_gives_up_with_nothing_applied() {
         )
         .await
         .unwrap();
-        let wait = std::time::Duration::from_millis(300);
+        let wait = Duration::from_millis(300);
         let open = || {
             PostgresStore::builder(&url)
                 .schema(&schema)
@@ -479,25 +486,63 @@ fn a_migration_that_cannot_have_its_lock_gives_up_with_nothing_applied() {
                 .migration_lock_wait(wait, 3)
                 .connect()
         };
+        // Reads of the table, as claims make, until the starts end: those
+        // after the first that waited (a try had begun) are counted by
+        // whether they passed within half a wait.
+        let migrating = Arc::new(AtomicBool::new(true));
+        let probes = {
+            let prober = guard.store().pool().get().await.unwrap();
+            let read = format!("SELECT count(*) FROM {schema}.idem_records");
+            let migrating = migrating.clone();
+            tokio::spawn(async move {
+                let (mut fast, mut slow) = (0u32, 0u32);
+                while migrating.load(Ordering::SeqCst) {
+                    let sent = Instant::now();
+                    prober.query_one(&read, &[]).await.unwrap();
+                    if sent.elapsed() >= wait / 2 {
+                        slow += 1;
+                    } else if slow > 0 {
+                        fast += 1;
+                    }
+                    // Pacing, not synchronisation: what is counted is
+                    // each read's own latency.
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                (fast, slow)
+            })
+        };
         // Bounded: a migration that waited without a bound would hang.
-        let started = std::time::Instant::now();
-        let refused = tokio::time::timeout(std::time::Duration::from_secs(30), open())
-            .await
-            .expect("the migration gave up in bounded time")
-            .expect_err("the lock is held");
-        // Three tries, each waiting its whole wait (a lower bound: a
-        // slow machine only adds to it).
+        let started = Instant::now();
+        let (first, second) = tokio::time::timeout(Duration::from_secs(60), async {
+            tokio::join!(open(), open())
+        })
+        .await
+        .expect("the migrations gave up in bounded time");
+        migrating.store(false, Ordering::SeqCst);
+        let (fast, slow) = probes.await.unwrap();
+        for refused in [
+            first.expect_err("the lock is held"),
+            second.expect_err("the lock is held"),
+        ] {
+            assert!(
+                refused.to_string().contains("3 waits of 300 ms"),
+                "{refused}"
+            );
+            assert!(refused.is_unavailable(), "{refused}");
+        }
+        // One after the other, each three waits and pauses of half a wait
+        // and a whole one (a lower bound: a slow machine only adds to it).
         assert!(
-            started.elapsed() >= wait * 3,
-            "gave up after {:?}, before three waits of {wait:?}",
+            started.elapsed() >= wait * 9,
+            "gave up after {:?}, before two migrations' waits and pauses",
             started.elapsed()
         );
+        // Four pauses of 150 and 300 ms: reads pass in them.
+        assert!(slow > 0, "no read waited behind a try");
         assert!(
-            refused.to_string().contains("3 waits of 300 ms"),
-            "{refused}"
+            fast >= 4,
+            "{fast} reads passed during the pauses, {slow} waited"
         );
-        assert!(refused.is_unavailable(), "{refused}");
-        assert!(refused.to_string().contains("lock"), "{refused}");
         held.rollback().await.unwrap();
         let version = format!("SELECT max(version) FROM {schema}.idem_migrations");
         let at = holder

@@ -5,8 +5,6 @@
 //! schema name, so instances that start at the same moment apply each
 //! migration once: the second waits for the first, then finds nothing to do.
 
-use std::time::Duration;
-
 use deadpool_postgres::Client;
 use idem_core::{MigrationLockWaits, StoreError};
 use tokio_postgres::error::SqlState;
@@ -309,41 +307,23 @@ pub(crate) fn valid_schema_name(name: &str) -> bool {
 }
 
 /// Creates the schema and applies missing migrations, in one transaction
-/// a try. A try that cannot have a table's lock within `locks`' wait (a
-/// transaction holds a record: atomic mode's execution, an operator's
-/// session) is rolled back and tried again, as [`MigrationLockWaits`]
-/// says; then the start fails as `Unavailable`, with nothing of it
-/// applied.
+/// under the migration lock (an advisory lock: instances that start
+/// together migrate once, the others waiting for it as long as that
+/// takes). The migrations are applied in a savepoint a try: a try that
+/// cannot have a table's lock within `locks`' wait (a transaction holds a
+/// record: atomic mode's execution, an operator's session) is rolled back
+/// to it, which lets go of every table lock it took or queued for, and is
+/// tried again after a pause, as [`MigrationLockWaits`] says; after the
+/// last, the start fails as `Unavailable`, with nothing applied. The
+/// migration lock is held through the pauses, so that claims pass during
+/// them however many instances are starting (another instance's try
+/// would otherwise take the pause's place in the table's lock queue).
 pub(crate) async fn migrate(
     client: &mut Client,
     schema: &str,
     locks: MigrationLockWaits,
 ) -> Result<(), StoreError> {
-    let mut tries = 0;
-    loop {
-        tries += 1;
-        match migrate_once(client, schema, locks.wait()).await {
-            Err(e) if lock_not_available(&e) => {
-                locks
-                    .pause_or_give_up(tries, "postgres", &format!("schema {schema}"), e)
-                    .await?;
-            }
-            answer => return answer,
-        }
-    }
-}
-
-/// Whether `e` is the server's "lock not available" (`lock_timeout`).
-fn lock_not_available(e: &StoreError) -> bool {
-    e.cause()
-        .and_then(|c| c.downcast_ref::<tokio_postgres::Error>())
-        .and_then(tokio_postgres::Error::code)
-        == Some(&SqlState::LOCK_NOT_AVAILABLE)
-}
-
-/// One try of [`migrate`], in one transaction.
-async fn migrate_once(client: &mut Client, schema: &str, wait: Duration) -> Result<(), StoreError> {
-    let tx = client
+    let mut tx = client
         .transaction()
         .await
         .map_err(|e| pg_error("beginning the migration", e))?;
@@ -358,9 +338,12 @@ async fn migrate_once(client: &mut Client, schema: &str, wait: Duration) -> Resu
     )
     .await
     .map_err(|e| pg_error("taking the migration lock", e))?;
-    tx.batch_execute(&format!("SET LOCAL lock_timeout = {}", wait.as_millis()))
-        .await
-        .map_err(|e| pg_error("bounding the migration's lock waits", e))?;
+    tx.batch_execute(&format!(
+        "SET LOCAL lock_timeout = {}",
+        locks.wait().as_millis()
+    ))
+    .await
+    .map_err(|e| pg_error("bounding the migration's lock waits", e))?;
     tx.batch_execute(&format!(
         "CREATE SCHEMA IF NOT EXISTS {schema};
          CREATE TABLE IF NOT EXISTS {schema}.idem_migrations (
@@ -377,6 +360,52 @@ async fn migrate_once(client: &mut Client, schema: &str, wait: Duration) -> Resu
     if current > VERSION {
         return Err(newer(schema, current));
     }
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let attempt = tx
+            .savepoint("idem_migration_try")
+            .await
+            .map_err(|e| pg_error("beginning a try of the migration", e))?;
+        match apply(&attempt, schema, current).await {
+            Ok(()) => {
+                attempt
+                    .commit()
+                    .await
+                    .map_err(|e| pg_error("ending a try of the migration", e))?;
+                break;
+            }
+            Err(e) if lock_not_available(&e) => {
+                attempt
+                    .rollback()
+                    .await
+                    .map_err(|e| pg_error("undoing a try of the migration", e))?;
+                locks
+                    .pause_or_give_up(tries, "postgres", &format!("schema {schema}"), e)
+                    .await?;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    tx.commit()
+        .await
+        .map_err(|e| pg_error("committing the migration", e))
+}
+
+/// Whether `e` is the server's "lock not available" (`lock_timeout`).
+fn lock_not_available(e: &StoreError) -> bool {
+    e.cause()
+        .and_then(|c| c.downcast_ref::<tokio_postgres::Error>())
+        .and_then(tokio_postgres::Error::code)
+        == Some(&SqlState::LOCK_NOT_AVAILABLE)
+}
+
+/// The migrations after `current`, each recorded as it is applied.
+async fn apply(
+    tx: &deadpool_postgres::Transaction<'_>,
+    schema: &str,
+    current: i32,
+) -> Result<(), StoreError> {
     for (i, sql) in MIGRATIONS.iter().enumerate().skip(current as usize) {
         let version = i as i32 + 1;
         tx.batch_execute(&sql.replace("{s}", schema))
@@ -389,9 +418,7 @@ async fn migrate_once(client: &mut Client, schema: &str, wait: Duration) -> Resu
         .await
         .map_err(|e| pg_error("recording a migration", e))?;
     }
-    tx.commit()
-        .await
-        .map_err(|e| pg_error("committing the migration", e))
+    Ok(())
 }
 
 /// Checks, without the migration lock, that `schema` is at this code's
