@@ -13,13 +13,14 @@
 //!
 //! Not here: what a lock wait is on a given server, or how a try is
 //! undone. The store says which of its errors is a wait that ran out,
-//! and makes a try safe to run again (PostgreSQL rolls it back whole;
+//! and makes a try safe to run again (PostgreSQL rolls it back to a
+//! savepoint, holding its migration lock through the pauses;
 //! MySQL's statements, which commit one by one, are each written to be
 //! re-run).
 
 use std::time::Duration;
 
-use crate::{StoreError, StoreErrorKind};
+use crate::store::{StoreError, StoreErrorKind};
 
 /// The shortest wait a try may have.
 const SHORTEST_WAIT: Duration = Duration::from_millis(1);

@@ -278,7 +278,9 @@ pub(crate) async fn migrate(
     let seconds = locks.wait().as_secs() + u64::from(locks.wait().subsec_nanos() > 0);
     let locks = MigrationLockWaits::new(Duration::from_secs(seconds), locks.tries());
     // Another instance's migration may take all its tries and pauses:
-    // wait that long for it, and a minute more for its statements.
+    // wait that long for it, and a minute more (an estimate: a try of
+    // several statements can wait once a statement, and the other
+    // instance's waits may differ from this one's).
     let patience = locks.longest().as_secs().saturating_add(60);
     let locked: Option<i64> = conn
         .exec_first("SELECT GET_LOCK(?, ?)", (lock.as_str(), patience))
@@ -287,7 +289,10 @@ pub(crate) async fn migrate(
     if locked != Some(1) {
         return Err(StoreError::new(
             StoreErrorKind::Unavailable,
-            format!("mysql store: another instance held the migration lock for {patience} s"),
+            format!(
+                "mysql store: the migration lock was not had within {patience} s \
+                 (another instance held it, or the wait was cut off)"
+            ),
         ));
     }
     let applied = apply_in_tries(conn, database, &quoted, locks).await;

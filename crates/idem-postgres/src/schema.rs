@@ -328,10 +328,14 @@ pub(crate) async fn migrate(
         .await
         .map_err(|e| pg_error("beginning the migration", e))?;
     // The advisory lock waits for another instance's migration as long as
-    // that takes, whatever `lock_timeout` the role or database sets.
-    tx.batch_execute("SET LOCAL lock_timeout = 0")
-        .await
-        .map_err(|e| pg_error("preparing the migration", e))?;
+    // that takes, whatever `lock_timeout` the role or database sets; and
+    // the transaction idles in the pauses, which a server's
+    // `idle_in_transaction_session_timeout` must not cut off.
+    tx.batch_execute(
+        "SET LOCAL lock_timeout = 0; SET LOCAL idle_in_transaction_session_timeout = 0",
+    )
+    .await
+    .map_err(|e| pg_error("preparing the migration", e))?;
     tx.execute(
         "SELECT pg_advisory_xact_lock($1, hashtext($2))",
         &[&LOCK_CLASS, &schema],
@@ -344,22 +348,6 @@ pub(crate) async fn migrate(
     ))
     .await
     .map_err(|e| pg_error("bounding the migration's lock waits", e))?;
-    tx.batch_execute(&format!(
-        "CREATE SCHEMA IF NOT EXISTS {schema};
-         CREATE TABLE IF NOT EXISTS {schema}.idem_migrations (
-             version integer PRIMARY KEY,
-             applied_at timestamptz NOT NULL DEFAULT now());"
-    ))
-    .await
-    .map_err(|e| pg_error("creating the schema", e))?;
-    let current: i32 = tx
-        .query_one(&version_sql(schema), &[])
-        .await
-        .map_err(|e| pg_error("reading the schema version", e))?
-        .get(0);
-    if current > VERSION {
-        return Err(newer(schema, current));
-    }
     let mut tries = 0;
     loop {
         tries += 1;
@@ -367,7 +355,7 @@ pub(crate) async fn migrate(
             .savepoint("idem_migration_try")
             .await
             .map_err(|e| pg_error("beginning a try of the migration", e))?;
-        match apply(&attempt, schema, current).await {
+        match apply(&attempt, schema).await {
             Ok(()) => {
                 attempt
                     .commit()
@@ -400,12 +388,25 @@ fn lock_not_available(e: &StoreError) -> bool {
         == Some(&SqlState::LOCK_NOT_AVAILABLE)
 }
 
-/// The migrations after `current`, each recorded as it is applied.
-async fn apply(
-    tx: &deadpool_postgres::Transaction<'_>,
-    schema: &str,
-    current: i32,
-) -> Result<(), StoreError> {
+/// Creates the schema and its migrations table if missing, and applies
+/// the migrations after the version recorded, each recorded as it is.
+async fn apply(tx: &deadpool_postgres::Transaction<'_>, schema: &str) -> Result<(), StoreError> {
+    tx.batch_execute(&format!(
+        "CREATE SCHEMA IF NOT EXISTS {schema};
+         CREATE TABLE IF NOT EXISTS {schema}.idem_migrations (
+             version integer PRIMARY KEY,
+             applied_at timestamptz NOT NULL DEFAULT now());"
+    ))
+    .await
+    .map_err(|e| pg_error("creating the schema", e))?;
+    let current: i32 = tx
+        .query_one(&version_sql(schema), &[])
+        .await
+        .map_err(|e| pg_error("reading the schema version", e))?
+        .get(0);
+    if current > VERSION {
+        return Err(newer(schema, current));
+    }
     for (i, sql) in MIGRATIONS.iter().enumerate().skip(current as usize) {
         let version = i as i32 + 1;
         tx.batch_execute(&sql.replace("{s}", schema))
