@@ -101,7 +101,9 @@ impl MysqlStoreBuilder {
     /// needs every transaction that holds a record (atomic mode's
     /// executions, an operator's session) to end within one `wait`:
     /// where some routinely take longer, raise it, or migrate from one
-    /// instance at a quiet hour. Default 1 s, 3 tries.
+    /// instance at a quiet hour. Default 1 s, 3 tries; `wait` is taken
+    /// within 1 ms to 1 h (then rounded up) and `tries` within 1 to 100
+    /// ([`MigrationLockWaits`]).
     pub fn migration_lock_wait(mut self, wait: Duration, tries: u32) -> Self {
         self.migration_locks = MigrationLockWaits::new(wait, tries);
         self

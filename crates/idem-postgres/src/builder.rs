@@ -169,8 +169,9 @@ impl PostgresStoreBuilder {
     /// migration needs every transaction that holds a record (atomic
     /// mode's executions, an operator's session, a dump) to end within one
     /// `wait`: where some routinely take longer, raise it, or migrate from
-    /// one instance at a quiet hour. Default 1 s, 3 tries; `wait` at least
-    /// 1 ms, `tries` at least 1.
+    /// one instance at a quiet hour. Default 1 s, 3 tries; `wait` is taken
+    /// within 1 ms to 1 h and `tries` within 1 to 100
+    /// ([`MigrationLockWaits`](idem_core::MigrationLockWaits)).
     pub fn migration_lock_wait(mut self, wait: Duration, tries: u32) -> Self {
         self.migration_locks = idem_core::MigrationLockWaits::new(wait, tries);
         self
