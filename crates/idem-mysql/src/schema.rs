@@ -319,7 +319,7 @@ async fn apply_in_tries(
 ) -> Result<(), StoreError> {
     conn.query_drop(format!(
         "SET SESSION lock_wait_timeout = {}",
-        locks.wait().as_secs().max(1)
+        locks.wait().as_secs()
     ))
     .await
     .map_err(|e| my_error("bounding the migration's lock waits", e))?;

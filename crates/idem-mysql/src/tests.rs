@@ -408,11 +408,15 @@ async fn reopen(url: &str, database: &str) -> Result<MysqlStore, idem_core::Stor
         .await
 }
 
-/// Runs `statements` in order on a connection of `store`.
-async fn execute(store: &MysqlStore, statements: &[String]) {
+/// Runs `statements` in order on a connection of `store`, `{d}` standing
+/// for its database.
+async fn execute(store: &MysqlStore, statements: &[&str]) {
+    let database = format!("`{}`", store.database());
     let mut conn = store.conn().await.unwrap();
     for sql in statements {
-        conn.query_drop(sql).await.unwrap();
+        conn.query_drop(sql.replace("{d}", &database))
+            .await
+            .unwrap();
     }
 }
 
@@ -437,9 +441,7 @@ fn a_migration_cut_off_before_its_record_runs_again() {
         let database = old.store().database().to_owned();
         execute(
             old.store(),
-            &[format!(
-                "DELETE FROM `{database}`.idem_migrations WHERE version = 3"
-            )],
+            &["DELETE FROM {d}.idem_migrations WHERE version = 3"],
         )
         .await;
         let store = reopen(&url, &database)
@@ -481,8 +483,8 @@ fn a_migration_that_cannot_have_its_lock_gives_up_with_nothing_applied() {
         execute(
             old.store(),
             &[
-                format!("ALTER TABLE `{database}`.idem_records DROP COLUMN written_by"),
-                format!("DELETE FROM `{database}`.idem_migrations WHERE version = 3"),
+                "ALTER TABLE {d}.idem_records DROP COLUMN written_by",
+                "DELETE FROM {d}.idem_migrations WHERE version = 3",
             ],
         )
         .await;
@@ -564,9 +566,9 @@ fn a_version_1_database_gets_its_epoch_table_on_connect() {
         execute(
             old.store(),
             &[
-                format!("DROP TABLE `{database}`.idem_epoch"),
-                format!("ALTER TABLE `{database}`.idem_records DROP COLUMN written_by"),
-                format!("DELETE FROM `{database}`.idem_migrations WHERE version >= 2"),
+                "DROP TABLE {d}.idem_epoch",
+                "ALTER TABLE {d}.idem_records DROP COLUMN written_by",
+                "DELETE FROM {d}.idem_migrations WHERE version >= 2",
             ],
         )
         .await;

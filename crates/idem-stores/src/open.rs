@@ -64,12 +64,7 @@ impl StoreUrl {
                 })?)
             }
             #[cfg(feature = "postgres")]
-            StoreUrl::Postgres(url) => {
-                self.connect_postgres(
-                    postgres(url, ca_pem).migration_lock_wait(locks.wait(), locks.tries()),
-                )
-                .await?
-            }
+            StoreUrl::Postgres(url) => self.connect_postgres(postgres(url, ca_pem, locks)).await?,
             #[cfg(feature = "redis")]
             StoreUrl::Redis(url) => Arc::new(
                 ca_pem
@@ -109,12 +104,8 @@ impl StoreUrl {
         match self {
             #[cfg(feature = "postgres")]
             StoreUrl::Postgres(url) if self.connection_per_thread(threads) => {
-                self.connect_postgres(
-                    postgres(url, ca_pem)
-                        .smallest_share()
-                        .migration_lock_wait(locks.wait(), locks.tries()),
-                )
-                .await
+                self.connect_postgres(postgres(url, ca_pem, locks).smallest_share())
+                    .await
             }
             _ => {
                 let _ = threads;
@@ -140,8 +131,12 @@ impl StoreUrl {
         match self {
             #[cfg(feature = "postgres")]
             StoreUrl::Postgres(url) => {
-                self.connect_postgres(postgres(url, ca_pem).thread_share(threads).migrate(false))
-                    .await
+                self.connect_postgres(
+                    postgres(url, ca_pem, MigrationLockWaits::default())
+                        .thread_share(threads)
+                        .migrate(false),
+                )
+                .await
             }
             _ => {
                 let _ = threads;
@@ -172,12 +167,18 @@ impl StoreUrl {
     }
 }
 
-/// The PostgreSQL builder for `url`, trusting `ca_pem` if given.
+/// The PostgreSQL builder for `url`, trusting `ca_pem` if given, its
+/// migration waiting for a table's lock as `locks` says.
 #[cfg(feature = "postgres")]
-fn postgres(url: &str, ca_pem: Option<&[u8]>) -> idem_postgres::PostgresStoreBuilder {
+fn postgres(
+    url: &str,
+    ca_pem: Option<&[u8]>,
+    locks: MigrationLockWaits,
+) -> idem_postgres::PostgresStoreBuilder {
     ca_pem
         .into_iter()
         .fold(idem_postgres::PostgresStore::builder(url), |b, ca| {
             b.ca_pem(ca.to_vec())
         })
+        .migration_lock_wait(locks.wait(), locks.tries())
 }
