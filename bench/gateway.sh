@@ -30,7 +30,10 @@
 # the `idem` database around it). IDEM_BENCH_PERF=DIR records `perf
 # record -g` profiles of the gateway and of the store server's processes
 # during each shared store's new-keys row, into DIR (profile before
-# optimising: `perf report -i DIR/postgres.gateway.data`).
+# optimising: `perf report -i DIR/postgres.gateway.data`), and for
+# MariaDB and PostgreSQL the server's counters a request over that row
+# (statements, commits, log flushes: DIR/mysql.counters.txt), which show
+# the batches' size.
 # IDEM_BENCH_BIN runs another idem binary (an older build, for
 # before/after); IDEM_BENCH_ROWS picks rows by name (a grep -E pattern).
 # IDEM_BENCH_ROUNDS (default 1) runs the whole table that many times and
@@ -218,6 +221,18 @@ row() {
         perfs+=($!)
         perf record -q -g -o "$IDEM_BENCH_PERF/$tag.server.data" -p "$(pgrep -d, -x "$store_process")" -- sleep "$SECS" >/dev/null 2>&1 &
         perfs+=($!)
+        # The system calls and switches of each side over the row (divide
+        # by the requests in the row's line): how many reads and writes a
+        # key's store calls cost.
+        local events=context-switches
+        local call
+        for call in read write readv writev recvfrom sendto recvmsg sendmsg epoll_wait futex fsync fdatasync pwrite64; do
+            events="$events,syscalls:sys_enter_$call"
+        done
+        perf stat -x, -e "$events" -o "$IDEM_BENCH_PERF/$tag.gateway.syscalls.txt" -p "$pid" -- sleep "$SECS" >/dev/null 2>&1 &
+        perfs+=($!)
+        perf stat -x, -e "$events" -o "$IDEM_BENCH_PERF/$tag.server.syscalls.txt" -p "$(pgrep -d, -x "$store_process")" -- sleep "$SECS" >/dev/null 2>&1 &
+        perfs+=($!)
     fi
     out="$(wrk -t2 -c"$CONNS" -d"${SECS}s" --latency -s "$lua" "$url")"
     for p in "${perfs[@]}"; do wait "$p" || true; done
@@ -241,6 +256,8 @@ row() {
             'NR == FNR { b[$1] = $2; next } { n += $2 - b[$1] } END { printf "%d", n * t / (r > 0 ? r : 1) }' \
             <(printf '%s\n' "$store_before") <(printf '%s\n' "$store_after"))"
     fi
+    LAST_REQS="$reqs"
+    if [ "${#perfs[@]}" -gt 0 ]; then echo "$reqs" >"$IDEM_BENCH_PERF/${store_process%%-*}.requests"; fi
     printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$ROUND" "$name" "$rps" "$p99" "$cpu_us" "${non2xx:-0}" "$preempted" "$store_us" >>"$WORK/rows.tsv"
     printf 'bench: %-40s %10s req/s  p99 %-8s %5s us/req  store %s us/req  preempted %s/req  non-2xx %s\n' "$name" "$rps" "$p99" "$cpu_us" "$store_us" "$preempted" "${non2xx:-0}" >&2
 }
@@ -273,12 +290,58 @@ gateway() {
     if [ "$name" = redis ] && [ -n "${IDEM_BENCH_PERF:-}" ]; then
         redis-cli -u "$IDEM_TEST_REDIS_URL" config resetstat >/dev/null
     fi
+    local counted_before=""
+    if [ -n "${IDEM_BENCH_PERF:-}" ]; then counted_before="$(store_counters "$name")"; fi
     row "idem $name new keys" "http://127.0.0.1:$port/transfers" new "$pid" "$server"
     if [ "$name" = redis ] && [ -n "${IDEM_BENCH_PERF:-}" ]; then
         redis-cli -u "$IDEM_TEST_REDIS_URL" info commandstats >"$IDEM_BENCH_PERF/redis.commandstats.txt"
     fi
+    if [ -n "$counted_before" ]; then
+        per_request "$counted_before" "$(store_counters "$name")" "${LAST_REQS:-0}" \
+            >"$IDEM_BENCH_PERF/$name.counters.txt"
+        sed "s/^/bench: $name new keys, a request: /" "$IDEM_BENCH_PERF/$name.counters.txt" >&2
+    fi
     row "idem $name replays" "http://127.0.0.1:$port/transfers" replay "$pid" "$server"
     kill "$pid"; wait "$pid" 2>/dev/null || true
+}
+
+# The store server's own counters (statements, transactions, log
+# flushes), "name value" lines; nothing for a store without them. Read
+# around the new-keys row under IDEM_BENCH_PERF: the batches' shape a
+# request (how many statements and commits a key costs the server).
+store_counters() {
+    case "$1" in
+    mysql)
+        python3 - "$IDEM_TEST_MYSQL_URL" <<'PY' 2>/dev/null || true
+import subprocess, sys, urllib.parse
+u = urllib.parse.urlparse(sys.argv[1])
+names = ("Questions", "Com_commit", "Com_insert", "Com_update", "Com_select", "Com_delete",
+         "Com_call_procedure", "Handler_commit", "Handler_update", "Handler_write",
+         "Innodb_log_writes", "Innodb_data_fsyncs", "Com_stmt_execute", "Bytes_received")
+out = subprocess.run(["mariadb", "-h", u.hostname or "127.0.0.1", "-P", str(u.port or 3306),
+                      "-u", u.username or "root", "-N", "-e",
+                      "SHOW GLOBAL STATUS WHERE Variable_name IN (%s)" %
+                      ",".join("'%s'" % n for n in names)],
+                     check=True, capture_output=True, text=True).stdout
+print(out.replace("\t", " "), end="")
+PY
+        ;;
+    postgres)
+        psql -qAt -F' ' "$IDEM_TEST_POSTGRES_URL" -c "
+            SELECT 'xact_commit', xact_commit FROM pg_stat_database WHERE datname = current_database()
+            UNION ALL SELECT 'xact_rollback', xact_rollback FROM pg_stat_database WHERE datname = current_database()
+            UNION ALL SELECT 'wal_records', wal_records FROM pg_stat_wal
+            UNION ALL SELECT 'wal_sync', wal_sync FROM pg_stat_wal
+            UNION ALL SELECT 'wal_bytes', wal_bytes::bigint FROM pg_stat_wal" 2>/dev/null || true
+        ;;
+    esac
+}
+# per_request BEFORE AFTER REQUESTS: each counter's growth over the
+# requests, to two decimals.
+per_request() {
+    awk -v r="$3" 'NR == FNR { b[$1] = $2; next }
+        ($1 in b) { printf "%s %.2f\n", $1, ($2 - b[$1]) / (r > 0 ? r : 1) }' \
+        <(printf '%s\n' "$1") <(printf '%s\n' "$2")
 }
 
 drop_mysql() {
