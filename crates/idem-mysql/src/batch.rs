@@ -13,14 +13,18 @@
 //!
 //! Each call gets the answer it would get alone:
 //! - **claims**: [`crate::batch_claims`];
-//! - **completions** are the fenced `UPDATE` of the single path, in id
-//!   order, each also writing a token of its own call into `written_by`
-//!   ([`tokens`]); one `SELECT` of the transaction's records before the
-//!   `COMMIT` reads the tokens back: a call whose token is there completed
-//!   its record, any other changed no row and is `StaleFence` (of two
-//!   completions of one record, at most one matched its fence while it was
-//!   in progress). One statement and one result set a call fewer than a
-//!   `ROW_COUNT()` after each;
+//! - **completions** are one `UPDATE` a transaction, set-wise
+//!   ([`SetWiseCompletion`]): the rows whose (id, fence) a call names, in
+//!   progress, each given its call's answer and a token of its own call
+//!   in `written_by` ([`tokens`]); one `SELECT` of the transaction's
+//!   records before the `COMMIT` reads the tokens back: a call whose
+//!   token is there completed its record, any other changed no row and is
+//!   `StaleFence`. A call whose fence is already in the batch (the same
+//!   completion twice, or a wrong fence) goes alone after it, as it would
+//!   after the first: of two completions of one record at most one
+//!   applies. MariaDB answers each statement of a query with a packet of
+//!   its own, and parses and plans each: one statement for the batch
+//!   instead of one a call;
 //! - **releases** are the fenced `DELETE`, each followed by `SELECT
 //!   ROW_COUNT()` (a deleted row cannot be read back).
 //!
@@ -39,9 +43,10 @@ use idem_core::{Settled, StoreError};
 use mysql_async::Row;
 
 use crate::batch_query::{
-    batched, fenced, hex, id_tuple, one_row_each, query_limit, shape_error, tokens, transactions,
+    batched, fenced, hex, id_tuple, id_values, one_row_each, query_limit, shape_error, tokens,
+    transactions, transactions_of,
 };
-use crate::schema::quoted;
+use crate::schema::{RECORDS_BY_ID, quoted};
 use crate::single::Inner;
 
 /// The most batches in flight at once, each on a connection of its own.
@@ -89,7 +94,7 @@ pub(crate) async fn completions(
     if calls.len() == 1 {
         return one_by_one(&calls, |(id, fence, c)| inner.complete_one(id, *fence, c)).await;
     }
-    let table = format!("{}.idem_records", quoted(&inner.database));
+    let table = format!("{}.{RECORDS_BY_ID}", quoted(&inner.database));
     let headers: Vec<Vec<u8>> = calls
         .iter()
         .map(|(_, _, c)| c.response.encode_headers())
@@ -97,41 +102,35 @@ pub(crate) async fn completions(
     // Call `i` writes the token `first + i`: a row read back with it is
     // the record that call completed, and no other call did.
     let first = tokens(calls.len());
-    let statement = |out: &mut String, i: usize| {
-        let (id, fence, c) = &calls[i];
-        let _ = write!(
-            out,
-            "UPDATE {table} SET status = {}, resource_id = ",
-            c.status().code()
-        );
-        match &c.resource_id {
-            Some(r) => hex(out, r.as_bytes()),
-            None => out.push_str("NULL"),
+    let size = |i: usize| 2 * (calls[i].2.response.body.len() + headers[i].len());
+    // In id order: the set-wise statement locks its rows in that order,
+    // as the calls alone would be sent.
+    let mut inline = Vec::new();
+    let mut after = Vec::new();
+    let mut fences = std::collections::HashSet::new();
+    for i in in_id_order(calls.iter().map(|(id, _, _)| id)) {
+        // A fence already in the batch (the same completion sent twice,
+        // or a caller's wrong fence) goes after the batch, alone, as it
+        // would be sent after the first; so does a large answer (binary).
+        let repeated = !fences.insert(calls[i].1);
+        if repeated || size(i) > MAX_INLINE {
+            after.push(i);
+        } else {
+            inline.push(i);
         }
-        let _ = write!(
-            out,
-            ", response_status = {}, response_headers = ",
-            c.response.status
-        );
-        hex(out, &headers[i]);
-        out.push_str(", response_body = ");
-        hex(out, &c.response.body);
-        let token = first.wrapping_add(i as i64);
-        let _ = write!(out, ", lease_until = NULL, written_by = {token}");
-        fenced(out, id, *fence);
+    }
+    let completion = SetWiseCompletion {
+        table: &table,
+        calls: &calls,
+        headers: &headers,
+        first,
     };
-    // One read of the transaction's records at its end, instead of a
-    // `ROW_COUNT()` after each statement.
-    let read_back = |carried: &[usize]| {
-        let mut out =
-            format!("SELECT written_by FROM {table} WHERE (scope, operation, record_key) IN (");
-        for (n, &i) in carried.iter().enumerate() {
-            out.push_str(if n == 0 { "(" } else { ",(" });
-            id_tuple(&mut out, &calls[i].0);
-        }
-        out.push_str(");");
-        out
-    };
+    let txs = transactions_of(
+        &inline,
+        query_limit(&inner).saturating_sub(FIXED_TEXT),
+        |i| completion.most_text(i),
+        |out, carried| completion.write(out, carried),
+    );
     let applied = |carried: &[usize], sets: Vec<Vec<Row>>| {
         let mut answers: Vec<Result<Settled, StoreError>> =
             carried.iter().map(|_| Ok(Settled::StaleFence)).collect();
@@ -151,12 +150,6 @@ pub(crate) async fn completions(
         }
         Some(answers)
     };
-    // A large answer goes alone (binary), the rest in batches.
-    let size = |i: usize| 2 * (calls[i].2.response.body.len() + headers[i].len());
-    let (inline, big): (Vec<usize>, Vec<usize>) = in_id_order(calls.iter().map(|(id, _, _)| id))
-        .into_iter()
-        .partition(|&i| size(i) <= MAX_INLINE);
-    let txs = transactions(&inline, query_limit(&inner), statement, read_back);
     let mut answers = batched(
         &inner,
         &calls,
@@ -167,11 +160,112 @@ pub(crate) async fn completions(
         on_refusal,
     )
     .await;
-    for i in big {
+    for i in after {
         let (id, fence, c) = &calls[i];
         answers[i] = inner.complete_one(id, *fence, c).await;
     }
     answers
+}
+
+/// Room left in a query for the text of a transaction of completions
+/// that is not any one call's: the statements' words and the table's
+/// name, twice.
+const FIXED_TEXT: usize = 4096;
+
+/// The text of a transaction of completions, set-wise: one `UPDATE` of
+/// every record it completes, and one read of their tokens.
+///
+/// The `UPDATE` finds its rows by (id, fence), in progress, through the
+/// primary key, and takes each column's new value from a `CASE` on the
+/// row's fence. The fences of one transaction are distinct (a repeated
+/// one goes alone, after), and a row matches only a pair of its own id
+/// and fence, so the fence names the one call whose pair the row
+/// matched: no row takes another call's answer, whatever fences callers
+/// send. A row without a branch cannot happen; if it did, its `NULL`
+/// status would be refused in strict mode and the batch would go again
+/// call by call. The values are `CASE` results, not rows of a derived
+/// table: MariaDB cut long literals of a derived table short without an
+/// error (docs/decisions.md).
+pub(crate) struct SetWiseCompletion<'a> {
+    /// The records table, by id ([`RECORDS_BY_ID`]), with its database.
+    pub(crate) table: &'a str,
+    pub(crate) calls: &'a [CompletionCall],
+    /// Each call's headers, encoded.
+    pub(crate) headers: &'a [Vec<u8>],
+    /// The token of the first call (`first + i` is call `i`'s).
+    pub(crate) first: i64,
+}
+
+impl SetWiseCompletion<'_> {
+    /// The most text call `i` adds to its transaction: its three values
+    /// in hex, its id in hex twice (the `WHERE` and the read), and room
+    /// for the rest (six branches of about 30 characters with a fence
+    /// each, a token, two statuses, the id's punctuation: under 300).
+    fn most_text(&self, i: usize) -> usize {
+        let (id, _, c) = &self.calls[i];
+        let id_bytes =
+            id.scope.as_str().len() + id.operation.as_str().len() + id.key.as_str().len();
+        let values = c.resource_id.as_ref().map_or(0, String::len)
+            + self.headers[i].len()
+            + c.response.body.len();
+        4 * id_bytes + 2 * values + 512
+    }
+
+    /// The `UPDATE` of the `carried` calls (their fences distinct) and the
+    /// read of their tokens.
+    pub(crate) fn write(&self, out: &mut String, carried: &[usize]) {
+        let table = self.table;
+        let _ = write!(out, "UPDATE {table} SET written_by = CASE fence");
+        self.branches(out, carried, |out, i| {
+            let _ = write!(out, "{}", self.first.wrapping_add(i as i64));
+        });
+        out.push_str(" END, status = CASE fence");
+        self.branches(out, carried, |out, i| {
+            let _ = write!(out, "{}", self.calls[i].2.status().code());
+        });
+        out.push_str(" END, resource_id = CASE fence");
+        self.branches(out, carried, |out, i| match &self.calls[i].2.resource_id {
+            Some(r) => hex(out, r.as_bytes()),
+            None => out.push_str("NULL"),
+        });
+        out.push_str(" END, response_status = CASE fence");
+        self.branches(out, carried, |out, i| {
+            let _ = write!(out, "{}", self.calls[i].2.response.status);
+        });
+        out.push_str(" END, response_headers = CASE fence");
+        self.branches(out, carried, |out, i| hex(out, &self.headers[i]));
+        out.push_str(" END, response_body = CASE fence");
+        self.branches(out, carried, |out, i| {
+            hex(out, &self.calls[i].2.response.body);
+        });
+        out.push_str(" END, lease_until = NULL WHERE (scope, operation, record_key, fence) IN (");
+        for (n, &i) in carried.iter().enumerate() {
+            let (id, fence, _) = &self.calls[i];
+            out.push_str(if n == 0 { "(" } else { ",(" });
+            id_values(out, id);
+            let _ = write!(out, ",{fence})");
+        }
+        out.push_str(") AND status = 0;");
+        // One read of the transaction's records at its end, instead of a
+        // `ROW_COUNT()` after each statement.
+        let _ = write!(
+            out,
+            "SELECT written_by FROM {table} WHERE (scope, operation, record_key) IN ("
+        );
+        for (n, &i) in carried.iter().enumerate() {
+            out.push_str(if n == 0 { "(" } else { ",(" });
+            id_tuple(out, &self.calls[i].0);
+        }
+        out.push_str(");");
+    }
+
+    /// ` WHEN {fence} THEN {value}` for each carried call.
+    fn branches(&self, out: &mut String, carried: &[usize], value: impl Fn(&mut String, usize)) {
+        for &i in carried {
+            let _ = write!(out, " WHEN {} THEN ", self.calls[i].1);
+            value(out, i);
+        }
+    }
 }
 
 pub(crate) async fn releases(
@@ -201,4 +295,78 @@ pub(crate) async fn releases(
         on_refusal,
     )
     .await
+}
+
+#[cfg(test)]
+mod set_wise_text_tests {
+    use idem_core::{Completion, Key, Operation, RecordId, Scope};
+
+    use super::{CompletionCall, FIXED_TEXT, SetWiseCompletion};
+
+    /// The text of a transaction of completions stays within what
+    /// `most_text` promised for its calls and `FIXED_TEXT`, for ids at
+    /// the columns' longest and shortest, every kind of answer, fences
+    /// and tokens of every width, and a database name at MySQL's longest:
+    /// a transaction is cut by those promises, and a query past the
+    /// server's packet limit would fail the whole batch.
+    #[test]
+    fn a_transaction_stays_within_the_text_promised_for_it() {
+        let mut calls: Vec<CompletionCall> = Vec::new();
+        let ids = [
+            ("s".to_owned(), "o".to_owned(), 1),
+            ("S".repeat(512), format!("POST /{}", "o".repeat(1018)), 250),
+        ];
+        let mut n = 0usize;
+        for (scope, operation, key_length) in &ids {
+            for body in [0usize, 1, 7, 1000, 64 << 10] {
+                for resource in [None, Some("r".repeat(300))] {
+                    for fence in [0i64, -1, i64::MAX, i64::MIN, 42] {
+                        n += 1;
+                        let key = format!("{n:0>key_length$}");
+                        let id = RecordId::new(
+                            Scope::from_raw(scope.clone()),
+                            Operation::from_raw(operation.clone()),
+                            Key::new(key).expect("key"),
+                        );
+                        let mut response = idem_testkit::response(599, &"h".repeat(n % 50));
+                        response.body = vec![0xff; body];
+                        let done = Completion::failed(response);
+                        let done = match &resource {
+                            Some(r) => done.with_resource_id(r.clone()),
+                            None => done,
+                        };
+                        calls.push((id, fence, done));
+                    }
+                }
+            }
+        }
+        let headers: Vec<Vec<u8>> = calls
+            .iter()
+            .map(|(_, _, c)| c.response.encode_headers())
+            .collect();
+        let table = format!("`{}`.{}", "d".repeat(64), crate::schema::RECORDS_BY_ID);
+        for first in [0i64, i64::MAX, i64::MIN] {
+            let completion = SetWiseCompletion {
+                table: &table,
+                calls: &calls,
+                headers: &headers,
+                first,
+            };
+            let all: Vec<usize> = (0..calls.len()).collect();
+            for carried in [&all[..], &all[..1], &all[all.len() - 1..]] {
+                let mut text = String::new();
+                completion.write(&mut text, carried);
+                let promised: usize = carried
+                    .iter()
+                    .map(|&i| completion.most_text(i))
+                    .sum::<usize>()
+                    + FIXED_TEXT;
+                assert!(
+                    text.len() <= promised,
+                    "{} bytes of text against {promised} promised",
+                    text.len()
+                );
+            }
+        }
+    }
 }

@@ -31,7 +31,7 @@ use crate::batch_query::{
     transactions,
 };
 use crate::row;
-use crate::schema::quoted;
+use crate::schema::{RECORDS_BY_ID, quoted};
 use crate::single::{Inner, claim_params};
 
 pub(crate) async fn claims(
@@ -148,8 +148,10 @@ pub(crate) async fn claims(
 /// insert of the table behind a row this one waits for; a list of values
 /// takes it only for a moment (in mode 0 every insert holds it to its
 /// end, this one too).
-fn new_keys_query(inner: &Inner, calls: &[ClaimRequest], order: &[usize]) -> String {
-    let table = format!("{}.idem_records", quoted(&inner.database));
+pub(crate) fn new_keys_query(inner: &Inner, calls: &[ClaimRequest], order: &[usize]) -> String {
+    let database = quoted(&inner.database);
+    let table = format!("{database}.idem_records");
+    let by_id = format!("{database}.{RECORDS_BY_ID}");
     let token = tokens(1);
     let mut values = String::new();
     let mut ids = String::new();
@@ -184,7 +186,7 @@ fn new_keys_query(inner: &Inner, calls: &[ClaimRequest], order: &[usize]) -> Str
          lease_until, expires_at, written_by) VALUES {values} \
          ON DUPLICATE KEY UPDATE status = status;\
          SELECT 0, fence, created_at, lease_until, expires_at, 0, NULL, NULL, NULL, NULL, \
-         scope, operation, record_key FROM {table} \
+         scope, operation, record_key FROM {by_id} \
          WHERE written_by = {token} AND (scope, operation, record_key) IN ({ids});\
          COMMIT;{COMMITTED}"
     );

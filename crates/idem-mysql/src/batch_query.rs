@@ -203,29 +203,64 @@ pub(crate) fn transactions(
     mut statement: impl FnMut(&mut String, usize),
     tail: impl Fn(&[usize]) -> String,
 ) -> Vec<(String, Vec<usize>)> {
-    let mut out = Vec::new();
-    let mut query = String::from("START TRANSACTION;");
-    let mut carried = Vec::new();
+    let mut statements: Vec<String> = Vec::with_capacity(order.len());
+    let mut at = vec![usize::MAX; order.iter().max().map_or(0, |m| m + 1)];
     for &i in order {
         let mut one = String::new();
         statement(&mut one, i);
-        if !carried.is_empty() && query.len() + one.len() > limit {
-            query.push_str(&tail(&carried));
-            query.push_str("COMMIT;");
-            query.push_str(COMMITTED);
-            out.push((std::mem::take(&mut query), std::mem::take(&mut carried)));
-            query.push_str("START TRANSACTION;");
+        at[i] = statements.len();
+        statements.push(one);
+    }
+    transactions_of(
+        order,
+        limit,
+        |i| statements[at[i]].len(),
+        |out, carried| {
+            for &i in carried {
+                out.push_str(&statements[at[i]]);
+            }
+            out.push_str(&tail(carried));
+        },
+    )
+}
+
+/// `order`'s calls cut into transactions: each `START TRANSACTION;`, the
+/// `body` of the calls it carries, `COMMIT;` and the commit mark, with
+/// the positions it carries. A transaction takes calls while their
+/// `size`s (what each adds to the body at most) stay within `limit`; a
+/// call alone over it still gets one.
+pub(crate) fn transactions_of(
+    order: &[usize],
+    limit: usize,
+    size: impl Fn(usize) -> usize,
+    body: impl Fn(&mut String, &[usize]),
+) -> Vec<(String, Vec<usize>)> {
+    let frame = "START TRANSACTION;COMMIT;".len() + COMMITTED.len();
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    let mut carried = Vec::new();
+    let mut bytes = frame;
+    for &i in order {
+        let one = size(i);
+        if !carried.is_empty() && bytes.saturating_add(one) > limit {
+            groups.push(std::mem::take(&mut carried));
+            bytes = frame;
         }
-        query.push_str(&one);
         carried.push(i);
+        bytes = bytes.saturating_add(one);
     }
     if !carried.is_empty() {
-        query.push_str(&tail(&carried));
-        query.push_str("COMMIT;");
-        query.push_str(COMMITTED);
-        out.push((query, carried));
+        groups.push(carried);
     }
-    out
+    groups
+        .into_iter()
+        .map(|carried| {
+            let mut query = String::from("START TRANSACTION;");
+            body(&mut query, &carried);
+            query.push_str("COMMIT;");
+            query.push_str(COMMITTED);
+            (query, carried)
+        })
+        .collect()
 }
 
 /// Runs the transactions, the answers of the calls each carried read from
@@ -281,12 +316,17 @@ where
 /// `(scope, operation, record_key)`'s values for `id`, as hex literals,
 /// and the closing parenthesis.
 pub(crate) fn id_tuple(out: &mut String, id: &RecordId) {
+    id_values(out, id);
+    out.push(')');
+}
+
+/// `id`'s scope, operation and key as hex literals, between commas.
+pub(crate) fn id_values(out: &mut String, id: &RecordId) {
     hex(out, id.scope.as_str().as_bytes());
     out.push(',');
     hex(out, id.operation.as_str().as_bytes());
     out.push(',');
     hex(out, id.key.as_str().as_bytes());
-    out.push(')');
 }
 
 #[cfg(test)]

@@ -88,6 +88,19 @@ fn a_poisoned_claim_fails_only_itself() {
 }
 
 #[test]
+fn a_borrowed_fence_in_a_batch_takes_no_other_answer() {
+    let Some(url) = TestMysql::url() else {
+        return;
+    };
+    rt().block_on(async {
+        let guard = TestMysql::fresh(&url).await;
+        let store = guard.store();
+        batches::a_borrowed_fence_in_a_batch_takes_no_other_answer(store, &complete_batch(store))
+            .await;
+    });
+}
+
+#[test]
 fn batched_completions_and_releases_apply_only_under_their_fence() {
     let Some(url) = TestMysql::url() else {
         return;
@@ -344,5 +357,145 @@ fn a_batch_waiting_on_one_row_holds_up_no_other_insert() {
             answers.iter().all(|a| matches!(a, Ok(Claim::Acquired(_)))),
             "{answers:?}"
         );
+    });
+}
+
+/// Every statement that finds records by id offers MariaDB the primary
+/// key alone: with the (scope, record_key) index, or (status,
+/// lease_until) for `status = 0`, beside it, the optimiser builds a range
+/// tree for each and dives into the B-tree for each range's rows (a
+/// read-back of 100 ids cost 3,070 µs of server CPU against 380;
+/// BENCHMARKS.md). Checked by `EXPLAIN` of the batches' statements as
+/// they are sent and of the single path's prepared ones.
+#[test]
+fn statements_by_id_offer_the_primary_key_alone() {
+    let Some(url) = TestMysql::url() else {
+        return;
+    };
+    rt().block_on(async {
+        use idem_core::{Completion, Store};
+        use mysql_async::prelude::Queryable;
+        let guard = TestMysql::fresh(&url).await;
+        let store = guard.store();
+        let inner = store.inner.clone();
+        let requests: Vec<ClaimRequest> = (0..3)
+            .map(|n| {
+                let id = unique_id(&format!("explained-{n:08}"));
+                idem_testkit::request(&id, "{}", idem_testkit::t0())
+            })
+            .collect();
+        let mut calls: Vec<CompletionCall> = Vec::new();
+        for req in &requests {
+            let Ok(Claim::Acquired(lease)) = store.claim(req).await else {
+                panic!("not acquired");
+            };
+            let done = Completion::completed(idem_testkit::response(201, "explained"));
+            calls.push((req.id.clone(), lease.fence.to_i64().expect("fence"), done));
+        }
+        let mut texts = Vec::new();
+        // The batch of completions: its UPDATE and its read-back.
+        let table = format!(
+            "{}.{}",
+            crate::schema::quoted(&inner.database),
+            crate::schema::RECORDS_BY_ID
+        );
+        let headers: Vec<Vec<u8>> = calls
+            .iter()
+            .map(|(_, _, c)| c.response.encode_headers())
+            .collect();
+        let completion = batch::SetWiseCompletion {
+            table: &table,
+            calls: &calls,
+            headers: &headers,
+            first: 1,
+        };
+        let mut text = String::new();
+        completion.write(&mut text, &[0, 1, 2]);
+        // The batch of new keys: its read-back (the INSERT names no key).
+        text.push_str(&crate::batch_claims::new_keys_query(
+            &inner,
+            &requests,
+            &[0, 1, 2],
+        ));
+        // Every value is a hex literal or a number: no `;` but the ends.
+        for statement in text.split(';') {
+            let by_id = statement.starts_with("UPDATE")
+                || statement.starts_with("SELECT written_by")
+                || statement.starts_with("SELECT 0,");
+            if by_id {
+                texts.push((statement.to_owned(), ()));
+            }
+        }
+        assert_eq!(texts.len(), 3, "{text}");
+        // The single path's, with the values of a record in progress (a
+        // const look-up that finds no row shows no keys at all).
+        use mysql_async::Value;
+        let (id, fence, _) = &calls[0];
+        let bytes = |s: &str| Value::Bytes(s.as_bytes().to_vec());
+        let id = [
+            bytes(id.scope.as_str()),
+            bytes(id.operation.as_str()),
+            bytes(id.key.as_str()),
+        ];
+        let fence = Value::Int(*fence);
+        let now = Value::Int(idem_testkit::t0().as_millis());
+        let sql = &inner.sql;
+        let mut prepared: Vec<(String, Vec<Value>)> = vec![
+            (
+                sql.complete.clone(),
+                [
+                    Value::Int(1),
+                    Value::NULL,
+                    Value::Int(201),
+                    bytes(""),
+                    bytes(""),
+                ]
+                .into_iter()
+                .chain(id.clone())
+                .chain([fence.clone()])
+                .collect(),
+            ),
+            (
+                sql.extend.clone(),
+                [now.clone(), now.clone(), now.clone()]
+                    .into_iter()
+                    .chain(id.clone())
+                    .chain([fence.clone()])
+                    .collect(),
+            ),
+            (
+                sql.get.clone(),
+                id.iter().cloned().chain([Value::Int(0)]).collect(),
+            ),
+        ];
+        for statement in [&sql.holds, &sql.lock] {
+            prepared.push((
+                statement.clone(),
+                id.iter().cloned().chain([fence.clone()]).collect(),
+            ));
+        }
+        let mut conn = store.conn().await.unwrap();
+        let texts = texts
+            .into_iter()
+            .map(|(text, _)| (text, Vec::new()))
+            .chain(prepared);
+        for (statement, values) in texts {
+            assert_eq!(values.len(), statement.matches('?').count(), "{statement}");
+            let plan: Vec<mysql_async::Row> = conn
+                .exec(format!("EXPLAIN {statement}"), values)
+                .await
+                .unwrap_or_else(|e| panic!("EXPLAIN {statement}: {e}"));
+            assert_eq!(plan.len(), 1, "{statement}");
+            let offered: Option<String> = plan[0]
+                .get_opt("possible_keys")
+                .and_then(Result::ok)
+                .flatten();
+            assert_eq!(
+                offered.as_deref(),
+                Some("PRIMARY"),
+                "{}",
+                &statement[..statement.len().min(200)]
+            );
+        }
     });
 }

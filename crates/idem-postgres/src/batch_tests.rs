@@ -96,6 +96,19 @@ fn a_poisoned_claim_fails_only_itself() {
 }
 
 #[test]
+fn a_borrowed_fence_in_a_batch_takes_no_other_answer() {
+    let Some(url) = TestPostgres::url() else {
+        return;
+    };
+    rt().block_on(async {
+        let guard = TestPostgres::fresh(&url).await;
+        let store = guard.store();
+        batches::a_borrowed_fence_in_a_batch_takes_no_other_answer(store, &complete_batch(store))
+            .await;
+    });
+}
+
+#[test]
 fn batched_completions_and_releases_apply_only_under_their_fence() {
     let Some(url) = TestPostgres::url() else {
         return;

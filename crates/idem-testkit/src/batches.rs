@@ -23,6 +23,21 @@ pub type CompletionBatch<'s> = &'s dyn Fn(
 pub type ReleaseBatch<'s> =
     &'s dyn Fn(Vec<(RecordId, i64)>) -> BoxFuture<'static, Vec<Result<Settled, StoreError>>>;
 
+/// `n` new records claimed, in progress: their ids and fences as stored.
+async fn in_progress(store: &dyn Store, prefix: &str, n: usize) -> (Vec<RecordId>, Vec<i64>) {
+    let ids: Vec<RecordId> = (0..n)
+        .map(|i| unique_id(&format!("{prefix}-{i:010}")))
+        .collect();
+    let mut fences = Vec::new();
+    for id in &ids {
+        let Ok(Claim::Acquired(lease)) = store.claim(&request(id, "{}", t0())).await else {
+            panic!("not acquired");
+        };
+        fences.push(lease.fence.to_i64().unwrap_or(i64::MAX - 2000));
+    }
+    (ids, fences)
+}
+
 /// A claim of `id` acquired and completed with `tag`, at `at`.
 async fn finished(store: &dyn Store, id: &RecordId, body: &str, tag: &str, at: Timestamp) {
     let Ok(Claim::Acquired(lease)) = store.claim(&request(id, body, at)).await else {
@@ -187,16 +202,7 @@ pub async fn batched_completions_and_releases_apply_only_under_their_fence(
     complete: CompletionBatch<'_>,
     release: ReleaseBatch<'_>,
 ) {
-    let ids: Vec<RecordId> = (0..4)
-        .map(|n| unique_id(&format!("settle-{n:010}")))
-        .collect();
-    let mut fences = Vec::new();
-    for id in &ids {
-        let Ok(Claim::Acquired(lease)) = store.claim(&request(id, "{}", t0())).await else {
-            panic!("not acquired");
-        };
-        fences.push(lease.fence.to_i64().unwrap_or(i64::MAX - 2000));
-    }
+    let (ids, fences) = in_progress(store, "settle", 4).await;
     let done = |tag: &str| Completion::completed(response(201, tag));
     let completions = vec![
         (ids[0].clone(), fences[0], done("zero")),
@@ -229,4 +235,42 @@ pub async fn batched_completions_and_releases_apply_only_under_their_fence(
         store.get(&ids[0], t0()).await,
         Ok(Some(r)) if r.status == Status::Completed
     ));
+}
+
+/// Completions in one batch that carry another call's fence: record
+/// `a`'s completion under `b`'s fence, and `c`'s under `a`'s before its
+/// own. Each record takes only the answer sent with its own id and
+/// fence, whatever fences the other calls carry; `a` stays in progress,
+/// and no call is answered with another's outcome.
+pub async fn a_borrowed_fence_in_a_batch_takes_no_other_answer(
+    store: &dyn Store,
+    complete: CompletionBatch<'_>,
+) {
+    let (ids, fences) = in_progress(store, "borrowed-fence", 3).await;
+    let (a, b, c) = (&ids[0], &ids[1], &ids[2]);
+    let done = |tag: &str| Completion::completed(response(201, tag));
+    let calls = vec![
+        (b.clone(), fences[1], done("b-own")),
+        (a.clone(), fences[1], done("a-under-b")),
+        (c.clone(), fences[0], done("c-under-a")),
+        (c.clone(), fences[2], done("c-own")),
+    ];
+    let answers: Vec<Option<Settled>> = complete(calls).await.into_iter().map(Result::ok).collect();
+    assert_eq!(
+        answers,
+        [
+            Some(Settled::Applied),
+            Some(Settled::StaleFence),
+            Some(Settled::StaleFence),
+            Some(Settled::Applied),
+        ]
+    );
+    let mut now = Vec::new();
+    for id in [a, b, c] {
+        now.push(store.get(id, t0()).await.ok().flatten().expect("a record"));
+    }
+    assert_eq!(now[0].status, Status::InProgress);
+    assert_eq!(now[0].response, None);
+    assert_eq!(now[1].response, Some(response(201, "b-own")));
+    assert_eq!(now[2].response, Some(response(201, "c-own")));
 }
