@@ -28,7 +28,11 @@
 //!   *Records and their state machine*, and writes. A batch inserts its
 //!   new keys in one statement and reads back the rows it wrote by a token
 //!   of its own (`written_by`, migration 3); its other calls run
-//!   `idem_claim_in_tx` (`batch_claims.rs`).
+//!   `idem_claim_in_tx` (`batch_claims.rs`). A batch's completions are one
+//!   `UPDATE`, each column a `CASE` on the record's fence, read back by
+//!   token too. Statements that find records by id name the primary key
+//!   (`USE INDEX (PRIMARY)`): MariaDB's optimiser otherwise weighs the
+//!   other indexes with a dive into each for every id.
 //! - The tables live in a database of their own (default `idem`), created
 //!   and migrated on connect under a named lock (`GET_LOCK`), so instances
 //!   that start together migrate once. A migration's statement waits for

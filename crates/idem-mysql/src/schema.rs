@@ -197,8 +197,8 @@ pub(crate) const VERSION: i32 = MIGRATIONS.len() as i32;
 /// diving into the B-tree to count each range's rows (the primary key's
 /// ranges are one row each and need no dive). A batch's read-back of 100
 /// ids cost MariaDB 3,070 µs of CPU that way against 380 with the hint
-/// (BENCHMARKS.md, "MariaDB's read-backs by the primary key"). Not for a
-/// `DELETE`, which takes no index hint.
+/// (BENCHMARKS.md, "MariaDB by the primary key, and completions by
+/// `CASE`"). Not for a `DELETE`, which takes no index hint.
 pub(crate) const RECORDS_BY_ID: &str = "idem_records USE INDEX (PRIMARY)";
 
 /// The columns a record is read from, in [`crate::row`]'s order.

@@ -246,7 +246,21 @@ pub async fn a_borrowed_fence_in_a_batch_takes_no_other_answer(
     store: &dyn Store,
     complete: CompletionBatch<'_>,
 ) {
-    let (ids, fences) = in_progress(store, "borrowed-fence", 3).await;
+    let (mut ids, _) = in_progress(store, "borrowed-fence", 3).await;
+    // `a` before `b` in id order (as bytes, as the batch sends them), so
+    // that `a`'s call is the first to carry `b`'s fence.
+    ids.sort_by(|x, y| {
+        (x.scope.as_str(), x.operation.as_str(), x.key.as_str()).cmp(&(
+            y.scope.as_str(),
+            y.operation.as_str(),
+            y.key.as_str(),
+        ))
+    });
+    let mut fences = Vec::new();
+    for id in &ids {
+        let record = store.get(id, t0()).await.ok().flatten().expect("a record");
+        fences.push(record.fence.to_i64().unwrap_or(i64::MAX - 2000));
+    }
     let (a, b, c) = (&ids[0], &ids[1], &ids[2]);
     let done = |tag: &str| Completion::completed(response(201, tag));
     let calls = vec![
