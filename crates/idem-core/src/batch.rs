@@ -192,6 +192,75 @@ impl BatchLost {
     }
 }
 
+/// The kinds of calls a store batches (claims, completions and
+/// releases), each with its own batches in flight.
+pub const KINDS: usize = 3;
+
+/// A store's connections and batches: its pool, and the batches of each
+/// kind in flight at once, each on a connection of its own. A gateway
+/// whose serving threads each open an instance of the store divides them
+/// between the threads ([`PoolShare::thread_share`]), so that the threads
+/// together hold about what one instance would.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolShare {
+    /// The most connections the pool opens.
+    pub pool_size: usize,
+    /// The most batches of each kind in flight at once.
+    pub batches_in_flight: usize,
+}
+
+impl PoolShare {
+    /// The smallest pool that keeps `in_flight` batches of each kind and
+    /// one connection beside them.
+    fn smallest_pool(in_flight: usize) -> usize {
+        KINDS.saturating_mul(in_flight).saturating_add(1)
+    }
+
+    /// One of `threads` shares of this: the pool and the batches divided
+    /// between the threads and rounded up, with no more batches than the
+    /// share of the pool has connections for beside one for the calls that
+    /// are not batched. A share keeps at least one batch of each kind and
+    /// that one connection, so the shares of more than
+    /// [`most_thread_shares`](Self::most_thread_shares) threads together
+    /// hold more than the pool. One thread (or 0) keeps the whole.
+    #[must_use]
+    pub fn thread_share(self, threads: usize) -> PoolShare {
+        if threads <= 1 {
+            return self;
+        }
+        let pool = self.pool_size.div_ceil(threads);
+        let batches_in_flight = self
+            .batches_in_flight
+            .div_ceil(threads)
+            .min(pool.saturating_sub(1) / KINDS)
+            .max(1);
+        PoolShare {
+            pool_size: pool.max(Self::smallest_pool(batches_in_flight)),
+            batches_in_flight,
+        }
+    }
+
+    /// The least a share keeps: one batch of each kind in flight and one
+    /// connection beside them. For an instance beside per-thread ones that
+    /// serves few calls (a gateway's start-up, sweeper and admin
+    /// listener).
+    #[must_use]
+    pub fn smallest() -> PoolShare {
+        PoolShare {
+            pool_size: Self::smallest_pool(1),
+            batches_in_flight: 1,
+        }
+    }
+
+    /// The most threads whose [`thread_share`](Self::thread_share)s
+    /// together hold no more than the pool (rounding aside): 4 for a pool
+    /// of 16.
+    #[must_use]
+    pub fn most_thread_shares(self) -> usize {
+        (self.pool_size / Self::smallest_pool(1)).max(1)
+    }
+}
+
 /// The positions of `ids` in the order a batch runs them: by id (scope,
 /// operation, key), calls with the same id in arrival order. Two batches
 /// that lock the rows they share in this one order do not wait for each
@@ -365,5 +434,85 @@ mod tests {
     async fn a_call_left_unanswered_is_lost_not_hung() {
         let batcher = Batcher::spawn(1, 1, |_calls: Vec<u32>| async { Vec::<u32>::new() });
         assert_eq!(batcher.call(7).await, Err(BatchLost));
+    }
+}
+
+#[cfg(test)]
+mod pool_share_tests {
+    use super::{KINDS, PoolShare};
+
+    fn share(pool_size: usize, batches_in_flight: usize, threads: usize) -> (usize, usize) {
+        let s = PoolShare {
+            pool_size,
+            batches_in_flight,
+        }
+        .thread_share(threads);
+        (s.pool_size, s.batches_in_flight)
+    }
+
+    #[test]
+    fn one_thread_keeps_the_whole_and_more_threads_divide_it() {
+        assert_eq!(share(16, 2, 1), (16, 2));
+        assert_eq!(share(16, 2, 0), (16, 2));
+        assert_eq!(share(16, 2, 2), (8, 1));
+        assert_eq!(share(16, 2, 3), (6, 1));
+        assert_eq!(share(16, 2, 4), (4, 1));
+        assert_eq!(share(40, 4, 4), (10, 1));
+        // Batches no more than the share's connections allow.
+        assert_eq!(share(16, 8, 2), (8, 2));
+        // One thread keeps what was set, even a pool smaller than its batches.
+        assert_eq!(share(2, 2, 1), (2, 2));
+    }
+
+    #[test]
+    fn every_share_keeps_a_batch_of_each_kind_and_a_connection_beside() {
+        for threads in 2..=1024 {
+            let (pool, in_flight) = share(16, 2, threads);
+            assert!(in_flight >= 1, "{threads}: {in_flight}");
+            assert!(pool > KINDS * in_flight, "{threads}: {pool} {in_flight}");
+        }
+    }
+
+    #[test]
+    fn up_to_the_most_shares_the_threads_hold_no_more_than_the_pool() {
+        for pool_size in 1..=64 {
+            let whole = PoolShare {
+                pool_size,
+                batches_in_flight: 2,
+            };
+            let most = whole.most_thread_shares();
+            assert!(most >= 1);
+            for (threads, in_flight) in (1..=most).flat_map(|t| (1..=8).map(move |b| (t, b))) {
+                let (pool, _) = share(pool_size, in_flight, threads);
+                // Rounding up gives each thread at most one more.
+                assert!(
+                    pool * threads <= pool_size.max(KINDS + 1) + threads,
+                    "{pool_size} / {threads} ({in_flight} batches): {pool}"
+                );
+            }
+            if pool_size >= 2 * (KINDS + 1) {
+                // One thread more would hold more than the pool.
+                let (over, _) = share(pool_size, 2, most + 1);
+                assert!(over * (most + 1) > pool_size, "{pool_size}");
+            }
+        }
+        assert_eq!(
+            PoolShare {
+                pool_size: 16,
+                batches_in_flight: 2
+            }
+            .most_thread_shares(),
+            4
+        );
+    }
+
+    #[test]
+    fn the_largest_shares_do_not_overflow() {
+        assert_eq!(share(usize::MAX, 64, 2), (usize::MAX.div_ceil(2), 32));
+        // As many batches as the share's connections allow.
+        let half = usize::MAX.div_ceil(2);
+        assert_eq!(share(usize::MAX, usize::MAX, 2), (half, (half - 1) / KINDS));
+        let least = PoolShare::smallest();
+        assert_eq!((least.pool_size, least.batches_in_flight), (KINDS + 1, 1));
     }
 }

@@ -49,8 +49,10 @@ use crate::batch_query::{
 use crate::schema::{RECORDS_BY_ID, quoted};
 use crate::single::Inner;
 
-/// The most batches in flight at once, each on a connection of its own.
-const IN_FLIGHT: usize = 2;
+/// The most batches of each kind in flight at once, each on a connection
+/// of its own, unless a share of them is taken
+/// (`MysqlStoreBuilder::thread_share`).
+pub(crate) const IN_FLIGHT: usize = 2;
 /// The most calls in one batch.
 const MAX_BATCH: usize = 128;
 /// A completion whose statement alone is longer goes alone, as a
@@ -60,12 +62,12 @@ const MAX_INLINE: usize = 256 << 10;
 
 pub(crate) use idem_core::batch::{CompletionCall, ReleaseCall};
 
-/// The store's three batchers, sending through `inner`'s pool. Must run
-/// in a tokio runtime.
-pub(crate) fn spawn(inner: &Arc<Inner>) -> StoreBatchers {
+/// The store's three batchers, sending through `inner`'s pool, at most
+/// `in_flight` batches of each kind at once. Must run in a tokio runtime.
+pub(crate) fn spawn(inner: &Arc<Inner>, in_flight: usize) -> StoreBatchers {
     let (i1, i2, i3) = (inner.clone(), inner.clone(), inner.clone());
     StoreBatchers::spawn(
-        IN_FLIGHT,
+        in_flight,
         MAX_BATCH,
         move |calls| crate::batch_claims::claims(i1.clone(), calls, OnRefusal::OneAtATime),
         move |calls| completions(i2.clone(), calls, OnRefusal::OneAtATime),

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use idem_core::batch::PoolShare;
 use idem_core::{MigrationLockWaits, StoreError, StoreErrorKind};
 use mysql_async::{Opts, OptsBuilder, Pool, PoolConstraints, PoolOpts};
 
@@ -17,7 +18,9 @@ use crate::store::MysqlStore;
 pub struct MysqlStoreBuilder {
     url: String,
     database: String,
-    pool_size: usize,
+    /// The pool and the batches of each kind in flight.
+    share: PoolShare,
+    migrate: bool,
     wait: Duration,
     lock_wait: Duration,
     migration_locks: MigrationLockWaits,
@@ -28,7 +31,8 @@ impl std::fmt::Debug for MysqlStoreBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MysqlStoreBuilder")
             .field("database", &self.database)
-            .field("pool_size", &self.pool_size)
+            .field("share", &self.share)
+            .field("migrate", &self.migrate)
             .field("wait", &self.wait)
             .field("lock_wait", &self.lock_wait)
             .field("migration_locks", &self.migration_locks)
@@ -57,7 +61,11 @@ impl MysqlStoreBuilder {
         MysqlStoreBuilder {
             url,
             database: "idem".into(),
-            pool_size: 16,
+            share: PoolShare {
+                pool_size: 16,
+                batches_in_flight: crate::batch::IN_FLIGHT,
+            },
+            migrate: true,
             wait: Duration::from_secs(5),
             lock_wait: Duration::from_secs(5),
             migration_locks: MigrationLockWaits::default(),
@@ -73,7 +81,7 @@ impl MysqlStoreBuilder {
 
     /// Connections in the pool. Default 16.
     pub fn pool_size(mut self, n: usize) -> Self {
-        self.pool_size = n.max(1);
+        self.share.pool_size = n.max(1);
         self
     }
 
@@ -132,7 +140,7 @@ impl MysqlStoreBuilder {
                 "mysql store: the URL does not parse (mysql://USER[:PASSWORD]@HOST[:PORT]/DB)",
             )
         })?;
-        let constraints = PoolConstraints::new(0, self.pool_size).ok_or_else(|| {
+        let constraints = PoolConstraints::new(0, self.share.pool_size).ok_or_else(|| {
             StoreError::new(StoreErrorKind::Setup, "mysql store: pool size out of range")
         })?;
         let lock_wait = self.session_lock_wait();
@@ -171,6 +179,43 @@ impl MysqlStoreBuilder {
         self.lock_wait.as_secs().max(1)
     }
 
+    /// Makes this one of `threads` instances that share what one instance
+    /// would hold (a gateway's serving threads, each with its own): the
+    /// pool as set so far (call it after
+    /// [`pool_size`](Self::pool_size)) and the two batches of each kind in
+    /// flight, divided as [`PoolShare::thread_share`] says. One thread (or
+    /// 0) changes nothing.
+    pub fn thread_share(mut self, threads: usize) -> Self {
+        self.share = self.share.thread_share(threads);
+        self
+    }
+
+    /// The least a share keeps ([`PoolShare::smallest`]): for an instance
+    /// beside per-thread ones that serves few calls (a gateway's start-up,
+    /// sweeper and admin listener).
+    pub fn smallest_share(mut self) -> Self {
+        self.share = PoolShare::smallest();
+        self
+    }
+
+    /// The most threads whose [`thread_share`](Self::thread_share)s
+    /// together hold no more than the pool (rounding aside): 4 with the
+    /// default pool of 16.
+    pub fn most_thread_shares(&self) -> usize {
+        self.share.most_thread_shares()
+    }
+
+    /// Whether [`connect`](Self::connect) creates or migrates the database
+    /// (the default). Without, it only checks that the database is at this
+    /// code's schema version, and fails otherwise: for instances opened
+    /// beside one that migrated (a gateway's serving threads), which then
+    /// neither take the migration lock nor hold a connection waiting for
+    /// it.
+    pub fn migrate(mut self, migrate: bool) -> Self {
+        self.migrate = migrate;
+        self
+    }
+
     /// Connects, creates the database and migrates it.
     ///
     /// # Errors
@@ -189,13 +234,17 @@ impl MysqlStoreBuilder {
             })?
             .map_err(|e| my_error("connecting", e))?;
         let max_packet = schema::check_server(&mut conn).await?;
-        schema::migrate(
-            &mut conn,
-            &self.database,
-            self.migration_locks,
-            self.session_lock_wait(),
-        )
-        .await?;
+        if self.migrate {
+            schema::migrate(
+                &mut conn,
+                &self.database,
+                self.migration_locks,
+                self.session_lock_wait(),
+            )
+            .await?;
+        } else {
+            schema::check_version(&mut conn, &self.database).await?;
+        }
         drop(conn);
         let inner = Arc::new(Inner {
             pool,
@@ -205,7 +254,7 @@ impl MysqlStoreBuilder {
             database: self.database,
         });
         Ok(MysqlStore {
-            batches: Arc::new(crate::batch::spawn(&inner)),
+            batches: Arc::new(crate::batch::spawn(&inner, self.share.batches_in_flight)),
             inner,
         })
     }

@@ -32,7 +32,11 @@
 //!   `UPDATE`, each column a `CASE` on the record's fence, read back by
 //!   token too. Statements that find records by id name the primary key
 //!   (`USE INDEX (PRIMARY)`): MariaDB's optimiser otherwise weighs the
-//!   other indexes with a dive into each for every id.
+//!   other indexes with a dive into each for every id. A gateway opens an
+//!   instance per serving thread, each with a share of the pool and the
+//!   batches ([`thread_share`](MysqlStoreBuilder::thread_share)), beside
+//!   the one that migrates; the threads' instances only check the
+//!   schema's version ([`migrate(false)`](MysqlStoreBuilder::migrate)).
 //! - The tables live in a database of their own (default `idem`), created
 //!   and migrated on connect under a named lock (`GET_LOCK`), so instances
 //!   that start together migrate once. A migration's statement waits for

@@ -352,6 +352,42 @@ async fn apply_in_tries(
 /// Whether `e` is the server's "lock wait timeout exceeded" (1205): a
 /// metadata lock (`lock_wait_timeout`) or a row lock
 /// (`innodb_lock_wait_timeout`) waited out.
+/// Checks, without migrating, that database `database` is at this code's
+/// schema version: for an instance opened beside one that migrated (a
+/// gateway's serving threads), which then neither takes the migration
+/// lock nor starts against a schema another idem changed meanwhile.
+pub(crate) async fn check_version(conn: &mut Conn, database: &str) -> Result<(), StoreError> {
+    let quoted = quoted(database);
+    let current: Option<i32> = conn
+        .query_first(format!(
+            "SELECT COALESCE(MAX(version), 0) FROM {quoted}.idem_migrations"
+        ))
+        .await
+        .map_err(|e| match e {
+            // No such database (1049) or table (1146): nothing migrated it.
+            mysql_async::Error::Server(ref server) if matches!(server.code, 1049 | 1146) => {
+                StoreError::new(
+                    StoreErrorKind::Setup,
+                    format!(
+                        "mysql store: database {database} has not been created, and this instance does not migrate"
+                    ),
+                )
+                .with_source(e)
+            }
+            e => my_error("reading the schema version", e),
+        })?;
+    let current = current.unwrap_or(0);
+    match current {
+        VERSION => Ok(()),
+        _ => Err(StoreError::new(
+            StoreErrorKind::Setup,
+            format!(
+                "mysql store: database {database} is at schema version {current}, not this idem's ({VERSION}), and this instance does not migrate"
+            ),
+        )),
+    }
+}
+
 fn lock_wait_ran_out(e: &StoreError) -> bool {
     matches!(
         e.cause().and_then(|c| c.downcast_ref::<mysql_async::Error>()),

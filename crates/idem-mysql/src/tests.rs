@@ -658,3 +658,77 @@ mod epoch {
         });
     }
 }
+
+/// An instance that does not migrate (a serving thread's, beside the
+/// gateway's main instance) opens only a database at this code's schema
+/// version: a database nothing created, and one at another version, are
+/// refused as `Setup` without creating or changing anything; one that a
+/// migrating instance left serves claims that the other sees.
+#[test]
+fn an_instance_that_does_not_migrate_opens_only_this_codes_version() {
+    let Some(url) = TestMysql::url() else { return };
+    rt().block_on(async {
+        use idem_core::Claim;
+        let name = unique_name("nomig");
+        let thread = || {
+            MysqlStore::builder(&url)
+                .database(&name)
+                .thread_share(2)
+                .migrate(false)
+                .connect()
+        };
+        let Err(refused) = thread().await else {
+            panic!("a database nothing created was opened");
+        };
+        assert_eq!(refused.kind(), StoreErrorKind::Setup, "{refused}");
+        assert!(
+            refused.to_string().contains("has not been created"),
+            "{refused}"
+        );
+        let main = MysqlStore::builder(&url)
+            .database(&name)
+            .smallest_share()
+            .connect()
+            .await
+            .unwrap();
+        let mut conn = main.conn().await.unwrap();
+        let tables: Option<i64> = conn
+            .exec_first(
+                "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = ?",
+                (name.as_str(),),
+            )
+            .await
+            .unwrap();
+        assert!(tables.unwrap_or(0) >= 3, "the main instance migrated");
+        let beside = thread().await.unwrap();
+        let id = idem_testkit::unique_id("nomig-claim-0001");
+        let claimed = beside
+            .claim(&idem_testkit::request(&id, "{}", idem_testkit::t0()))
+            .await
+            .unwrap();
+        assert!(matches!(claimed, Claim::Acquired(_)), "{claimed:?}");
+        assert!(main.get(&id, idem_testkit::t0()).await.unwrap().is_some());
+        // Another idem migrated it further: refused, and left as it is.
+        let newer = crate::schema::VERSION + 1;
+        conn.query_drop(format!(
+            "INSERT INTO `{name}`.idem_migrations (version) VALUES ({newer})"
+        ))
+        .await
+        .unwrap();
+        let Err(refused) = thread().await else {
+            panic!("a database at another version was opened");
+        };
+        assert_eq!(refused.kind(), StoreErrorKind::Setup, "{refused}");
+        assert!(
+            refused.to_string().contains(&format!("version {newer}")),
+            "{refused}"
+        );
+        let kept: Option<i32> = conn
+            .query_first(format!("SELECT MAX(version) FROM `{name}`.idem_migrations"))
+            .await
+            .unwrap();
+        assert_eq!(kept, Some(newer));
+        drop(conn);
+        let _ = main.drop_database().await;
+    });
+}

@@ -43,9 +43,6 @@ use crate::schema::Statements;
 pub(crate) const IN_FLIGHT: usize = 2;
 /// The most batches of each kind the builder allows in flight.
 pub(crate) const MOST_IN_FLIGHT: usize = 64;
-/// Batch kinds (claims, completions, releases), each with its own batches
-/// in flight and so its own connections.
-pub(crate) const KINDS: usize = 3;
 /// The most calls in one batch.
 const MAX_BATCH: usize = 256;
 

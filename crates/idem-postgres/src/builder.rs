@@ -8,6 +8,7 @@ use std::time::Duration;
 use deadpool_postgres::{
     Hook, HookError, Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime,
 };
+use idem_core::batch::PoolShare;
 use idem_core::{StoreError, StoreErrorKind};
 
 use crate::error::{pg_error, pool_error};
@@ -22,8 +23,8 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 pub struct PostgresStoreBuilder {
     url: String,
     schema: String,
-    pool_size: usize,
-    batches_in_flight: usize,
+    /// The pool and the batches of each kind in flight.
+    share: PoolShare,
     migrate: bool,
     migration_locks: idem_core::MigrationLockWaits,
     wait: Duration,
@@ -37,8 +38,7 @@ impl std::fmt::Debug for PostgresStoreBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PostgresStoreBuilder")
             .field("schema", &self.schema)
-            .field("pool_size", &self.pool_size)
-            .field("batches_in_flight", &self.batches_in_flight)
+            .field("share", &self.share)
             .field("migrate", &self.migrate)
             .field("migration_locks", &self.migration_locks)
             .field("wait", &self.wait)
@@ -63,20 +63,16 @@ impl PostgresStore {
     }
 }
 
-/// The smallest pool that keeps `in_flight` batches of each kind and one
-/// connection beside them.
-fn smallest_pool(in_flight: usize) -> usize {
-    crate::batch::KINDS * in_flight + 1
-}
-
 impl PostgresStoreBuilder {
     /// The default options for `url`.
     pub(crate) fn new(url: String) -> PostgresStoreBuilder {
         PostgresStoreBuilder {
             url,
             schema: "idem".into(),
-            pool_size: 16,
-            batches_in_flight: crate::batch::IN_FLIGHT,
+            share: PoolShare {
+                pool_size: 16,
+                batches_in_flight: crate::batch::IN_FLIGHT,
+            },
             migrate: true,
             migration_locks: idem_core::MigrationLockWaits::default(),
             wait: Duration::from_secs(5),
@@ -94,7 +90,7 @@ impl PostgresStoreBuilder {
 
     /// The most connections the pool opens. Default 16.
     pub fn pool_size(mut self, n: usize) -> Self {
-        self.pool_size = n.max(1);
+        self.share.pool_size = n.max(1);
         self
     }
 
@@ -105,7 +101,7 @@ impl PostgresStoreBuilder {
     /// (docs/decisions.md). Stores opened per serving thread take a share
     /// of it ([`thread_share`](Self::thread_share)).
     pub fn batches_in_flight(mut self, n: usize) -> Self {
-        self.batches_in_flight = n.clamp(1, crate::batch::MOST_IN_FLIGHT);
+        self.share.batches_in_flight = n.clamp(1, crate::batch::MOST_IN_FLIGHT);
         self
     }
 
@@ -113,34 +109,18 @@ impl PostgresStoreBuilder {
     /// would hold (a gateway's serving threads, each with its own): the
     /// pool and the batches in flight as set so far (call it after
     /// [`pool_size`](Self::pool_size) and
-    /// [`batches_in_flight`](Self::batches_in_flight)), divided between
-    /// the threads and rounded up, with no more batches than the share of
-    /// the pool has connections for beside one for the calls that are not
-    /// batched. A share keeps at least one batch of each kind and that one
-    /// connection, so the shares of more than
-    /// [`most_thread_shares`](Self::most_thread_shares) threads together
-    /// hold more than the pool. One thread (or 0) changes nothing.
+    /// [`batches_in_flight`](Self::batches_in_flight)), divided as
+    /// [`PoolShare::thread_share`] says. One thread (or 0) changes nothing.
     pub fn thread_share(mut self, threads: usize) -> Self {
-        if threads <= 1 {
-            return self;
-        }
-        let pool = self.pool_size.div_ceil(threads);
-        self.batches_in_flight = self
-            .batches_in_flight
-            .div_ceil(threads)
-            .min(pool.saturating_sub(1) / crate::batch::KINDS)
-            .max(1);
-        self.pool_size = pool.max(smallest_pool(self.batches_in_flight));
+        self.share = self.share.thread_share(threads);
         self
     }
 
-    /// The least a share keeps: one batch of each kind in flight and one
-    /// connection beside them. For an instance beside per-thread ones that
-    /// serves few calls (a gateway's start-up, sweeper and admin
-    /// listener).
+    /// The least a share keeps ([`PoolShare::smallest`]): for an instance
+    /// beside per-thread ones that serves few calls (a gateway's start-up,
+    /// sweeper and admin listener).
     pub fn smallest_share(mut self) -> Self {
-        self.batches_in_flight = 1;
-        self.pool_size = smallest_pool(1);
+        self.share = PoolShare::smallest();
         self
     }
 
@@ -148,7 +128,7 @@ impl PostgresStoreBuilder {
     /// together hold no more than the pool (rounding aside): 4 with the
     /// default pool of 16.
     pub fn most_thread_shares(&self) -> usize {
-        (self.pool_size / smallest_pool(1)).max(1)
+        self.share.most_thread_shares()
     }
 
     /// Whether [`connect`](Self::connect) creates or migrates the schema
@@ -288,7 +268,7 @@ impl PostgresStoreBuilder {
         );
         let statement_ms = millis(self.statement_timeout);
         let pool = Pool::builder(manager)
-            .max_size(self.pool_size)
+            .max_size(self.share.pool_size)
             .runtime(Runtime::Tokio1)
             .wait_timeout(Some(self.wait))
             .create_timeout(Some(self.wait))
@@ -328,7 +308,7 @@ impl PostgresStoreBuilder {
             inner: Arc::new({
                 let sql = Arc::new(Statements::new(&self.schema));
                 Inner {
-                    batches: crate::batch::spawn(&pool, &sql, self.batches_in_flight),
+                    batches: crate::batch::spawn(&pool, &sql, self.share.batches_in_flight),
                     sql,
                     pool,
                     schema: self.schema,
@@ -341,73 +321,31 @@ impl PostgresStoreBuilder {
 #[cfg(test)]
 mod tests {
     use super::PostgresStore;
-    use crate::batch::KINDS;
+    use idem_core::batch::KINDS;
 
-    fn shared(threads: usize) -> (usize, usize) {
-        let b = PostgresStore::builder("postgres://u@h/db").thread_share(threads);
-        (b.pool_size, b.batches_in_flight)
-    }
-
+    /// The builder takes its shares as `PoolShare` divides them
+    /// (idem-core's tests hold the arithmetic).
     #[test]
-    fn one_thread_keeps_the_whole_and_more_threads_divide_it() {
+    fn a_thread_share_is_the_pool_share_of_what_was_set() {
+        let shared = |threads| {
+            let b = PostgresStore::builder("postgres://u@h/db").thread_share(threads);
+            (b.share.pool_size, b.share.batches_in_flight)
+        };
         assert_eq!(shared(1), (16, 2));
-        assert_eq!(shared(0), (16, 2));
         assert_eq!(shared(2), (8, 1));
-        assert_eq!(shared(3), (6, 1));
-        assert_eq!(shared(4), (4, 1));
         let set = PostgresStore::builder("postgres://u@h/db")
             .pool_size(40)
             .batches_in_flight(4)
             .thread_share(4);
-        assert_eq!((set.pool_size, set.batches_in_flight), (10, 1));
-        // Batches no more than the share's connections allow.
-        let many = PostgresStore::builder("postgres://u@h/db")
-            .batches_in_flight(8)
-            .thread_share(2);
-        assert_eq!((many.pool_size, many.batches_in_flight), (8, 2));
-        // One thread keeps what was set, even a pool smaller than its batches.
-        let small = PostgresStore::builder("postgres://u@h/db")
-            .pool_size(2)
-            .thread_share(1);
-        assert_eq!((small.pool_size, small.batches_in_flight), (2, 2));
-    }
-
-    #[test]
-    fn every_share_keeps_a_batch_of_each_kind_and_a_connection_beside() {
-        for threads in 2..=1024 {
-            let (pool, in_flight) = shared(threads);
-            assert!(in_flight >= 1, "{threads}: {in_flight}");
-            assert!(pool > KINDS * in_flight, "{threads}: {pool} {in_flight}");
-        }
-    }
-
-    #[test]
-    fn up_to_the_most_shares_the_threads_hold_no_more_than_the_pool() {
-        for pool_size in 1..=64 {
-            let whole = PostgresStore::builder("postgres://u@h/db").pool_size(pool_size);
-            let most = whole.most_thread_shares();
-            assert!(most >= 1);
-            for (threads, in_flight) in (1..=most).flat_map(|t| (1..=8).map(move |b| (t, b))) {
-                let share = whole
-                    .clone()
-                    .batches_in_flight(in_flight)
-                    .thread_share(threads);
-                // Rounding up gives each thread at most one more.
-                assert!(
-                    share.pool_size * threads <= pool_size.max(KINDS + 1) + threads,
-                    "{pool_size} / {threads} ({in_flight} batches): {}",
-                    share.pool_size
-                );
-            }
-            if pool_size >= 2 * (KINDS + 1) {
-                // One thread more would hold more than the pool.
-                let over = whole.clone().thread_share(most + 1);
-                assert!(over.pool_size * (most + 1) > pool_size, "{pool_size}");
-            }
-        }
+        assert_eq!((set.share.pool_size, set.share.batches_in_flight), (10, 1));
         assert_eq!(
             PostgresStore::builder("postgres://u@h/db").most_thread_shares(),
             4
+        );
+        let least = PostgresStore::builder("postgres://u@h/db").smallest_share();
+        assert_eq!(
+            (least.share.pool_size, least.share.batches_in_flight),
+            (KINDS + 1, 1)
         );
     }
 
@@ -416,6 +354,7 @@ mod tests {
         let b = |n| {
             PostgresStore::builder("postgres://u@h/db")
                 .batches_in_flight(n)
+                .share
                 .batches_in_flight
         };
         assert_eq!(b(0), 1);
@@ -426,9 +365,10 @@ mod tests {
             .pool_size(usize::MAX)
             .batches_in_flight(usize::MAX)
             .thread_share(2);
-        assert_eq!(big.batches_in_flight, crate::batch::MOST_IN_FLIGHT / 2);
-        assert_eq!(big.pool_size, usize::MAX.div_ceil(2));
-        let least = PostgresStore::builder("postgres://u@h/db").smallest_share();
-        assert_eq!((least.pool_size, least.batches_in_flight), (KINDS + 1, 1));
+        assert_eq!(
+            big.share.batches_in_flight,
+            crate::batch::MOST_IN_FLIGHT / 2
+        );
+        assert_eq!(big.share.pool_size, usize::MAX.div_ceil(2));
     }
 }

@@ -64,7 +64,9 @@ impl StoreUrl {
                 })?)
             }
             #[cfg(feature = "postgres")]
-            StoreUrl::Postgres(url) => self.connect_postgres(postgres(url, ca_pem, locks)).await?,
+            StoreUrl::Postgres(url) => {
+                self.connected(postgres(url, ca_pem, locks).connect().await)?
+            }
             #[cfg(feature = "redis")]
             StoreUrl::Redis(url) => Arc::new(
                 ca_pem
@@ -77,21 +79,15 @@ impl StoreUrl {
                     .map_err(|source| self.unreachable(source))?,
             ),
             #[cfg(feature = "mysql")]
-            StoreUrl::Mysql(url) => Arc::new(
-                idem_mysql::MysqlStore::builder(url)
-                    .migration_lock_wait(locks.wait(), locks.tries())
-                    .connect()
-                    .await
-                    .map_err(|source| self.unreachable(source))?,
-            ),
+            StoreUrl::Mysql(url) => self.connected(mysql(url, locks).connect().await)?,
         })
     }
 
     /// Opens the main instance of a gateway with `threads` serving threads:
     /// the one that migrates, and that start-up, the sweeper and the admin
-    /// listener use. Beside per-thread PostgreSQL instances
+    /// listener use. Beside per-thread PostgreSQL or MySQL instances
     /// ([`StoreUrl::connection_per_thread`]) it keeps the smallest share
-    /// (`PostgresStoreBuilder::smallest_share`: a pool of 4), so that the
+    /// (`PoolShare::smallest`: a pool of 4), so that the
     /// gateway holds about one pool in all; otherwise as [`StoreUrl::open`].
     /// A PostgreSQL or MySQL schema's migration waits for a table's lock
     /// as `locks` says.
@@ -103,9 +99,15 @@ impl StoreUrl {
     ) -> Result<Arc<dyn Store>, OpenError> {
         match self {
             #[cfg(feature = "postgres")]
-            StoreUrl::Postgres(url) if self.connection_per_thread(threads) => {
-                self.connect_postgres(postgres(url, ca_pem, locks).smallest_share())
-                    .await
+            StoreUrl::Postgres(url) if self.connection_per_thread(threads) => self.connected(
+                postgres(url, ca_pem, locks)
+                    .smallest_share()
+                    .connect()
+                    .await,
+            ),
+            #[cfg(feature = "mysql")]
+            StoreUrl::Mysql(url) if self.connection_per_thread(threads) => {
+                self.connected(mysql(url, locks).smallest_share().connect().await)
             }
             _ => {
                 let _ = threads;
@@ -117,8 +119,8 @@ impl StoreUrl {
     /// Opens the instance of one of `threads` serving threads that each
     /// open their own ([`StoreUrl::connection_per_thread`]), after the
     /// gateway's main instance was opened with [`StoreUrl::open_main`]. A
-    /// PostgreSQL instance gets its share of the connections and batches
-    /// one instance would have (`PostgresStoreBuilder::thread_share`), so
+    /// PostgreSQL or MySQL instance gets its share of the connections and
+    /// batches one instance would have (`PoolShare::thread_share`), so
     /// that the threads together hold about as many connections as one
     /// instance, and does not migrate: it checks that the main instance
     /// left the schema at this code's version. Any other store opens as
@@ -130,14 +132,21 @@ impl StoreUrl {
     ) -> Result<Arc<dyn Store>, OpenError> {
         match self {
             #[cfg(feature = "postgres")]
-            StoreUrl::Postgres(url) => {
-                self.connect_postgres(
-                    postgres(url, ca_pem, MigrationLockWaits::default())
-                        .thread_share(threads)
-                        .migrate(false),
-                )
-                .await
-            }
+            StoreUrl::Postgres(url) => self.connected(
+                postgres(url, ca_pem, MigrationLockWaits::default())
+                    .thread_share(threads)
+                    .migrate(false)
+                    .connect()
+                    .await,
+            ),
+            #[cfg(feature = "mysql")]
+            StoreUrl::Mysql(url) => self.connected(
+                mysql(url, MigrationLockWaits::default())
+                    .thread_share(threads)
+                    .migrate(false)
+                    .connect()
+                    .await,
+            ),
             _ => {
                 let _ = threads;
                 self.open(ca_pem).await
@@ -145,16 +154,13 @@ impl StoreUrl {
         }
     }
 
-    /// Connects a PostgreSQL store built for this URL.
-    #[cfg(feature = "postgres")]
-    async fn connect_postgres(
+    /// A store that `connect` opened, or why it could not.
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    fn connected<S: Store + 'static>(
         &self,
-        builder: idem_postgres::PostgresStoreBuilder,
+        store: Result<S, StoreError>,
     ) -> Result<Arc<dyn Store>, OpenError> {
-        let store = builder
-            .connect()
-            .await
-            .map_err(|source| self.unreachable(source))?;
+        let store = store.map_err(|source| self.unreachable(source))?;
         Ok(Arc::new(store))
     }
 
@@ -165,6 +171,13 @@ impl StoreUrl {
             source,
         }
     }
+}
+
+/// The MySQL builder for `url`, its migration waiting for a table's lock
+/// as `locks` says.
+#[cfg(feature = "mysql")]
+fn mysql(url: &str, locks: MigrationLockWaits) -> idem_mysql::MysqlStoreBuilder {
+    idem_mysql::MysqlStore::builder(url).migration_lock_wait(locks.wait(), locks.tries())
 }
 
 /// The PostgreSQL builder for `url`, trusting `ca_pem` if given, its

@@ -140,15 +140,15 @@ impl StoreUrl {
     /// carry:
     /// - Redis, whose connection is one multiplexed socket driven by a
     ///   task;
-    /// - PostgreSQL, whose batches and connections are tasks too, up to
-    ///   the threads that can share one pool (4 for the pool of 16:
-    ///   `PostgresStoreBuilder::most_thread_shares`); more would hold more
+    /// - PostgreSQL and MySQL, whose batches and connections are tasks
+    ///   too, up to the threads that can share one pool (4 for the pool of
+    ///   16: `PoolShare::most_thread_shares`); more would hold more
     ///   connections than one instance, and keep one instance.
     ///
-    /// Not MySQL (measured without a gain; docs/decisions.md), nor the
-    /// memory store or SQLite (an instance is the data, or its writer).
+    /// Not the memory store or SQLite (an instance is the data, or its
+    /// writer).
     pub fn connection_per_thread(&self, threads: usize) -> bool {
-        #[cfg(not(feature = "postgres"))]
+        #[cfg(not(any(feature = "postgres", feature = "mysql")))]
         let _ = threads;
         match self {
             #[cfg(feature = "redis")]
@@ -156,6 +156,10 @@ impl StoreUrl {
             #[cfg(feature = "postgres")]
             StoreUrl::Postgres(url) => {
                 threads <= idem_postgres::PostgresStore::builder(url.as_str()).most_thread_shares()
+            }
+            #[cfg(feature = "mysql")]
+            StoreUrl::Mysql(url) => {
+                threads <= idem_mysql::MysqlStore::builder(url.as_str()).most_thread_shares()
             }
             _ => false,
         }
@@ -269,14 +273,14 @@ mod tests {
 
     #[cfg(all(feature = "postgres", feature = "redis", feature = "mysql"))]
     #[test]
-    fn only_network_stores_take_a_ca_and_redis_and_postgres_open_per_thread() {
+    fn only_network_stores_take_a_ca_and_redis_postgres_and_mysql_open_per_thread() {
         // (url, TLS, per thread with 2 threads, per thread with 5)
         let kinds = [
             ("memory:", false, false, false),
             ("sqlite:x.db", false, false, false),
             ("postgres://h/db", true, true, false),
             ("redis://h", true, true, true),
-            ("mysql://h/db", false, false, false),
+            ("mysql://h/db", false, true, false),
         ];
         for (url, tls, two, five) in kinds {
             let url: StoreUrl = url.parse().unwrap();
@@ -284,7 +288,9 @@ mod tests {
             assert_eq!(url.connection_per_thread(2), two, "{url}");
             assert_eq!(url.connection_per_thread(5), five, "{url}");
         }
-        let pg: StoreUrl = "postgres://h/db".parse().unwrap();
-        assert!(pg.connection_per_thread(4));
+        for url in ["postgres://h/db", "mysql://h/db"] {
+            let url: StoreUrl = url.parse().unwrap();
+            assert!(url.connection_per_thread(4), "{url}");
+        }
     }
 }
