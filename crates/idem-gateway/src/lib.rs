@@ -63,7 +63,7 @@
 //!    to read its record), not what it answered.
 //!
 //! With a store whose connections are driven by tasks (Redis's one
-//! multiplexed socket, PostgreSQL's pool and batches), [`ThreadStores`]
+//! multiplexed socket, PostgreSQL's and MySQL's pools and batches), [`ThreadStores`]
 //! gives each serving thread its own instance, opened on that thread.
 
 mod accept;

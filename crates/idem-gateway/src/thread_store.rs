@@ -1,6 +1,6 @@
 //! A store opened once per serving thread, for the network stores whose
 //! connections are driven by tasks (Redis's one multiplexed socket,
-//! PostgreSQL's pool and batches): those tasks then run on the thread
+//! PostgreSQL's and MySQL's pools and batches): those tasks then run on the thread
 //! whose requests use them, so a store call does not wake a thread of the
 //! main runtime and wait for it to wake the serving thread back
 //! (docs/benchmarks-history.md, "A thread per CPU"; docs/decisions.md,

@@ -259,3 +259,36 @@ impl MysqlStoreBuilder {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::MysqlStore;
+    use idem_core::batch::KINDS;
+
+    /// The builder takes its shares as `PoolShare` divides them
+    /// (idem-core's tests hold the arithmetic), from the pool set before,
+    /// and its batches follow the share.
+    #[test]
+    fn a_thread_share_is_the_pool_share_of_what_was_set() {
+        let shared = |threads| {
+            let b = MysqlStore::builder("mysql://u@h/db").thread_share(threads);
+            (b.share.pool_size, b.share.batches_in_flight)
+        };
+        assert_eq!(shared(1), (16, crate::batch::IN_FLIGHT));
+        assert_eq!(shared(2), (8, 1));
+        assert_eq!(shared(3), (6, 1));
+        let set = MysqlStore::builder("mysql://u@h/db")
+            .pool_size(40)
+            .thread_share(4);
+        assert_eq!((set.share.pool_size, set.share.batches_in_flight), (10, 1));
+        assert_eq!(
+            MysqlStore::builder("mysql://u@h/db").most_thread_shares(),
+            4
+        );
+        let least = MysqlStore::builder("mysql://u@h/db").smallest_share();
+        assert_eq!(
+            (least.share.pool_size, least.share.batches_in_flight),
+            (KINDS + 1, 1)
+        );
+    }
+}

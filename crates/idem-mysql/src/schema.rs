@@ -59,6 +59,18 @@ const MIGRATIONS: &[&[&str]] = &[
     // Run only where the column is missing ([`ADDED_COLUMNS`]): MySQL 8
     // has no `ADD COLUMN IF NOT EXISTS`.
     &["ALTER TABLE {d}.idem_records ADD COLUMN written_by BIGINT NULL"],
+    // 4: the claim procedures run with their caller's privileges, not
+    // their definer's (the account that migrated, which an operator may
+    // drop: every call of a procedure whose definer is gone fails, 1449).
+    // Their callers hold those privileges anyway: the store reads and
+    // writes the records table directly. An `ALTER`, not a drop and a
+    // create: the procedures exist throughout, and one whose definer is
+    // already gone is repaired. New databases create them so (migration
+    // 1's text).
+    &[
+        "ALTER PROCEDURE {d}.idem_claim SQL SECURITY INVOKER",
+        "ALTER PROCEDURE {d}.idem_claim_in_tx SQL SECURITY INVOKER",
+    ],
 ];
 
 /// The statements of [`MIGRATIONS`] that add a column, each with the
@@ -86,7 +98,7 @@ const ADDED_COLUMNS: &[(&str, &str, &str)] = &[(
 /// transaction (one-commit mode) and cannot let go of that lock: a loser
 /// may be chosen as a deadlock victim, before anything else ran in its
 /// transaction, and the store runs it again.
-fn claim_procedure(name: &str, own_transaction: bool) -> String {
+pub(crate) fn claim_procedure(name: &str, own_transaction: bool) -> String {
     let (begin, commit, rollback, start_over) = if own_transaction {
         (
             "START TRANSACTION;",
@@ -108,6 +120,7 @@ fn claim_procedure(name: &str, own_transaction: bool) -> String {
 const CLAIM_PROCEDURE: &str = r#"CREATE PROCEDURE {d}.{name}(
     IN p_scope VARBINARY(512), IN p_operation VARBINARY(1024), IN p_key VARBINARY(255),
     IN p_fingerprint VARBINARY(64), IN p_now BIGINT, IN p_lease BIGINT, IN p_ttl BIGINT)
+SQL SECURITY INVOKER
 BEGIN
     DECLARE v_found TINYINT DEFAULT 0;
     DECLARE v_fingerprint VARBINARY(64);
@@ -349,9 +362,6 @@ async fn apply_in_tries(
     }
 }
 
-/// Whether `e` is the server's "lock wait timeout exceeded" (1205): a
-/// metadata lock (`lock_wait_timeout`) or a row lock
-/// (`innodb_lock_wait_timeout`) waited out.
 /// Checks, without migrating, that database `database` is at this code's
 /// schema version: for an instance opened beside one that migrated (a
 /// gateway's serving threads), which then neither takes the migration
@@ -364,7 +374,8 @@ pub(crate) async fn check_version(conn: &mut Conn, database: &str) -> Result<(),
         ))
         .await
         .map_err(|e| match e {
-            // No such database (1049) or table (1146): nothing migrated it.
+            // No such table (1146, MariaDB's answer for a missing database
+            // too) or database (1049): nothing migrated it.
             mysql_async::Error::Server(ref server) if matches!(server.code, 1049 | 1146) => {
                 StoreError::new(
                     StoreErrorKind::Setup,
@@ -388,6 +399,9 @@ pub(crate) async fn check_version(conn: &mut Conn, database: &str) -> Result<(),
     }
 }
 
+/// Whether `e` is the server's "lock wait timeout exceeded" (1205): a
+/// metadata lock (`lock_wait_timeout`) or a row lock
+/// (`innodb_lock_wait_timeout`) waited out.
 fn lock_wait_ran_out(e: &StoreError) -> bool {
     matches!(
         e.cause().and_then(|c| c.downcast_ref::<mysql_async::Error>()),

@@ -441,7 +441,7 @@ fn a_migration_cut_off_before_its_record_runs_again() {
         let database = old.store().database().to_owned();
         execute(
             old.store(),
-            &["DELETE FROM {d}.idem_migrations WHERE version = 3"],
+            &["DELETE FROM {d}.idem_migrations WHERE version >= 3"],
         )
         .await;
         let store = reopen(&url, &database)
@@ -484,7 +484,7 @@ fn a_migration_that_cannot_have_its_lock_gives_up_with_nothing_applied() {
             old.store(),
             &[
                 "ALTER TABLE {d}.idem_records DROP COLUMN written_by",
-                "DELETE FROM {d}.idem_migrations WHERE version = 3",
+                "DELETE FROM {d}.idem_migrations WHERE version >= 3",
             ],
         )
         .await;
@@ -685,6 +685,16 @@ fn an_instance_that_does_not_migrate_opens_only_this_codes_version() {
             refused.to_string().contains("has not been created"),
             "{refused}"
         );
+        let mut direct = mysql_async::Conn::from_url(url.as_str()).await.unwrap();
+        let created: Option<i64> = direct
+            .exec_first(
+                "SELECT COUNT(*) FROM information_schema.schemata WHERE schema_name = ?",
+                (name.as_str(),),
+            )
+            .await
+            .unwrap();
+        assert_eq!(created, Some(0), "the refusal created nothing");
+        let _ = direct.disconnect().await;
         let main = MysqlStore::builder(&url)
             .database(&name)
             .smallest_share()
@@ -730,5 +740,68 @@ fn an_instance_that_does_not_migrate_opens_only_this_codes_version() {
         assert_eq!(kept, Some(newer));
         drop(conn);
         let _ = main.drop_database().await;
+    });
+}
+
+/// The claim procedures run with their caller's privileges (migration 4):
+/// as `SQL SECURITY DEFINER`, a procedure whose definer is gone (the
+/// account that migrated, dropped since) fails every claim (1449).
+/// Migrating a database left so at version 3 repairs the procedures in
+/// place, and claims pass.
+#[test]
+fn claims_outlive_the_account_that_migrated() {
+    let Some(url) = TestMysql::url() else { return };
+    rt().block_on(async {
+        use idem_core::Claim;
+        let name = unique_name("definer");
+        let quoted = crate::schema::quoted(&name);
+        let open = || {
+            MysqlStore::builder(&url)
+                .database(&name)
+                .pool_size(2)
+                .connect()
+        };
+        let store = open().await.unwrap();
+        let mut conn = store.conn().await.unwrap();
+        let security = "SELECT ROUTINE_NAME, SECURITY_TYPE FROM information_schema.ROUTINES \
+                        WHERE ROUTINE_SCHEMA = ? ORDER BY ROUTINE_NAME";
+        let invoker = vec![
+            ("idem_claim".to_owned(), "INVOKER".to_owned()),
+            ("idem_claim_in_tx".to_owned(), "INVOKER".to_owned()),
+        ];
+        let kinds: Vec<(String, String)> = conn.exec(security, (name.as_str(),)).await.unwrap();
+        assert_eq!(kinds, invoker);
+        // As version 3 left them, defined by an account since dropped.
+        for (procedure, own_transaction) in [("idem_claim", true), ("idem_claim_in_tx", false)] {
+            let text = crate::schema::claim_procedure(procedure, own_transaction)
+                .replace("{d}", &quoted)
+                .replace("SQL SECURITY INVOKER", "SQL SECURITY DEFINER")
+                .replacen(
+                    "CREATE PROCEDURE",
+                    "CREATE DEFINER = 'idem_gone'@'localhost' PROCEDURE",
+                    1,
+                );
+            conn.query_drop(format!("DROP PROCEDURE {quoted}.{procedure}"))
+                .await
+                .unwrap();
+            conn.query_drop(text).await.unwrap();
+        }
+        conn.query_drop(format!(
+            "DELETE FROM {quoted}.idem_migrations WHERE version = 4"
+        ))
+        .await
+        .unwrap();
+        let request =
+            |n: &str| idem_testkit::request(&idem_testkit::unique_id(n), "{}", idem_testkit::t0());
+        let refused = store.claim(&request("definer-gone-0001")).await;
+        assert!(refused.is_err(), "{refused:?}");
+        drop(store);
+        let migrated = open().await.unwrap();
+        let kinds: Vec<(String, String)> = conn.exec(security, (name.as_str(),)).await.unwrap();
+        assert_eq!(kinds, invoker);
+        let claimed = migrated.claim(&request("definer-gone-0002")).await.unwrap();
+        assert!(matches!(claimed, Claim::Acquired(_)), "{claimed:?}");
+        drop(conn);
+        let _ = migrated.drop_database().await;
     });
 }

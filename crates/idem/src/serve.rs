@@ -54,9 +54,9 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
         [one] => ScopeSource::Header(one.clone()),
         many => ScopeSource::Headers(many.to_vec()),
     };
-    // Redis, and PostgreSQL up to the threads that can share its pool: an
-    // instance per serving thread, each opened by its thread (PostgreSQL's
-    // with its share of the pool).
+    // Redis, and PostgreSQL and MySQL up to the threads that can share
+    // their pool: an instance per serving thread, each opened by its
+    // thread (PostgreSQL's and MySQL's with a share of the pool).
     let thread_stores = cfg.store.connection_per_thread(cfg.threads).then(|| {
         let (url, ca, threads) = (cfg.store.clone(), cfg.store_ca.clone(), cfg.threads);
         let open: idem_gateway::OpenStore = Arc::new(move || {

@@ -442,6 +442,21 @@ async fn sigterm_drains_every_thread_and_stores_every_completion_on_postgres() {
     }
 }
 
+/// The same on MySQL, whose instance per serving thread (with a share of
+/// the pool) runs its batches on that thread's runtime too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_every_thread_and_stores_every_completion_on_mysql() {
+    let Some(url) = idem_testkit::backend_url("IDEM_TEST_MYSQL_URL", "MySQL") else {
+        return;
+    };
+    let keys = sigterm_drains_every_thread(&url, "my").await;
+    for k in &keys {
+        let (code, out, err) = idem(&["records", "get", k, "--store", &url]);
+        assert_eq!(code, 0, "{k}: {err}");
+        assert!(out.contains("\"completed\""), "{k}: {out}");
+    }
+}
+
 /// Eight keyed requests in flight on four serving threads when SIGTERM
 /// comes: each answers 201 and the gateway exits 0. Returns the keys.
 async fn sigterm_drains_every_thread(store: &str, tag: &str) -> Vec<String> {
