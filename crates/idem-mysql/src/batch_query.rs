@@ -203,21 +203,18 @@ pub(crate) fn transactions(
     mut statement: impl FnMut(&mut String, usize),
     tail: impl Fn(&[usize]) -> String,
 ) -> Vec<(String, Vec<usize>)> {
-    let mut statements: Vec<String> = Vec::with_capacity(order.len());
-    let mut at = vec![usize::MAX; order.iter().max().map_or(0, |m| m + 1)];
+    // Each call's statement, by its position.
+    let mut statements = vec![String::new(); order.iter().max().map_or(0, |m| m + 1)];
     for &i in order {
-        let mut one = String::new();
-        statement(&mut one, i);
-        at[i] = statements.len();
-        statements.push(one);
+        statement(&mut statements[i], i);
     }
     transactions_of(
         order,
         limit,
-        |i| statements[at[i]].len(),
+        |i| statements[i].len(),
         |out, carried| {
             for &i in carried {
-                out.push_str(&statements[at[i]]);
+                out.push_str(&statements[i]);
             }
             out.push_str(&tail(carried));
         },

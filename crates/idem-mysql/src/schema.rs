@@ -367,11 +367,7 @@ async fn apply_in_tries(
 /// gateway's serving threads), which then neither takes the migration
 /// lock nor starts against a schema another idem changed meanwhile.
 pub(crate) async fn check_version(conn: &mut Conn, database: &str) -> Result<(), StoreError> {
-    let quoted = quoted(database);
-    let current: Option<i32> = conn
-        .query_first(format!(
-            "SELECT COALESCE(MAX(version), 0) FROM {quoted}.idem_migrations"
-        ))
+    let current = recorded_version(conn, &quoted(database))
         .await
         .map_err(|e| match e {
             // No such table (1146, MariaDB's answer for a missing database
@@ -387,7 +383,6 @@ pub(crate) async fn check_version(conn: &mut Conn, database: &str) -> Result<(),
             }
             e => my_error("reading the schema version", e),
         })?;
-    let current = current.unwrap_or(0);
     match current {
         VERSION => Ok(()),
         _ => Err(StoreError::new(
@@ -397,6 +392,17 @@ pub(crate) async fn check_version(conn: &mut Conn, database: &str) -> Result<(),
             ),
         )),
     }
+}
+
+/// The newest migration recorded in `quoted`'s migrations table (0 for
+/// none).
+async fn recorded_version(conn: &mut Conn, quoted: &str) -> Result<i32, mysql_async::Error> {
+    let current: Option<i32> = conn
+        .query_first(format!(
+            "SELECT COALESCE(MAX(version), 0) FROM {quoted}.idem_migrations"
+        ))
+        .await?;
+    Ok(current.unwrap_or(0))
 }
 
 /// Whether `e` is the server's "lock wait timeout exceeded" (1205): a
@@ -417,13 +423,9 @@ async fn apply(conn: &mut Conn, name: &str, database: &str) -> Result<(), StoreE
     ))
     .await
     .map_err(|e| my_error("creating the migrations table", e))?;
-    let current: Option<i32> = conn
-        .query_first(format!(
-            "SELECT COALESCE(MAX(version), 0) FROM {database}.idem_migrations"
-        ))
+    let current = recorded_version(conn, database)
         .await
         .map_err(|e| my_error("reading the schema version", e))?;
-    let current = current.unwrap_or(0);
     if current > VERSION {
         return Err(StoreError::new(
             StoreErrorKind::Setup,

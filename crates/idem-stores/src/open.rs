@@ -68,16 +68,15 @@ impl StoreUrl {
                 self.connected(postgres(url, ca_pem, locks).connect().await)?
             }
             #[cfg(feature = "redis")]
-            StoreUrl::Redis(url) => Arc::new(
+            StoreUrl::Redis(url) => self.connected(
                 ca_pem
                     .into_iter()
                     .fold(idem_redis::RedisStore::builder(url), |b, ca| {
                         b.ca_pem(ca.to_vec())
                     })
                     .connect()
-                    .await
-                    .map_err(|source| self.unreachable(source))?,
-            ),
+                    .await,
+            )?,
             #[cfg(feature = "mysql")]
             StoreUrl::Mysql(url) => self.connected(mysql(url, locks).connect().await)?,
         })
@@ -155,7 +154,7 @@ impl StoreUrl {
     }
 
     /// A store that `connect` opened, or why it could not.
-    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    #[cfg(any(feature = "postgres", feature = "redis", feature = "mysql"))]
     fn connected<S: Store + 'static>(
         &self,
         store: Result<S, StoreError>,

@@ -434,12 +434,7 @@ async fn sigterm_drains_every_thread_and_stores_every_completion_on_postgres() {
     let Some(url) = idem_testkit::backend_url("IDEM_TEST_POSTGRES_URL", "PostgreSQL") else {
         return;
     };
-    let keys = sigterm_drains_every_thread(&url, "pg").await;
-    for k in &keys {
-        let (code, out, err) = idem(&["records", "get", k, "--store", &url]);
-        assert_eq!(code, 0, "{k}: {err}");
-        assert!(out.contains("\"completed\""), "{k}: {out}");
-    }
+    sigterm_drains_every_thread_and_stores_every_completion(&url, "pg").await;
 }
 
 /// The same on MySQL, whose instance per serving thread (with a share of
@@ -449,9 +444,15 @@ async fn sigterm_drains_every_thread_and_stores_every_completion_on_mysql() {
     let Some(url) = idem_testkit::backend_url("IDEM_TEST_MYSQL_URL", "MySQL") else {
         return;
     };
-    let keys = sigterm_drains_every_thread(&url, "my").await;
+    sigterm_drains_every_thread_and_stores_every_completion(&url, "my").await;
+}
+
+/// [`sigterm_drains_every_thread`] on the store at `url`, and then every
+/// key's record read back completed.
+async fn sigterm_drains_every_thread_and_stores_every_completion(url: &str, tag: &str) {
+    let keys = sigterm_drains_every_thread(url, tag).await;
     for k in &keys {
-        let (code, out, err) = idem(&["records", "get", k, "--store", &url]);
+        let (code, out, err) = idem(&["records", "get", k, "--store", url]);
         assert_eq!(code, 0, "{k}: {err}");
         assert!(out.contains("\"completed\""), "{k}: {out}");
     }
