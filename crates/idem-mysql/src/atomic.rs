@@ -14,9 +14,9 @@ use idem_core::{
 use mysql_async::prelude::Queryable;
 use mysql_async::{Row, Transaction, TxOpts};
 
-use crate::error::{is_deadlock, my_error};
+use crate::error::{DeadlockRetries, my_error};
 use crate::row;
-use crate::single::{AffectedRows, DEADLOCK_RETRIES};
+use crate::single::AffectedRows;
 use crate::store::MysqlStore;
 
 /// The mutation's transaction: it owns its pooled connection.
@@ -113,22 +113,17 @@ impl MysqlStore {
     {
         crate::single::check_id(&req.id)?;
         let params = crate::single::claim_params(req);
-        let mut tries = 0;
+        let mut retries = DeadlockRetries::default();
         let (tx, claim) = loop {
             let mut tx = self.begin().await?;
             let answer: Result<Option<Row>, _> =
                 tx.exec_first(&self.inner.sql.claim_in_tx, params).await;
-            match answer {
-                // The server rolled the whole transaction back: nothing ran.
-                Err(e) if is_deadlock(&e) && tries < DEADLOCK_RETRIES => {
-                    tries += 1;
-                    drop(tx);
-                }
-                Err(e) => return Err(my_error("claiming", e)),
-                Ok(row) => {
-                    break (tx, row::claim_from_row(req, row.as_ref())?);
-                }
+            // A deadlock rolled the whole transaction back: nothing ran.
+            if retries.again(&answer) {
+                continue;
             }
+            let row = answer.map_err(|e| my_error("claiming", e))?;
+            break (tx, row::claim_from_row(req, row.as_ref())?);
         };
         let lease = match claim {
             Claim::Acquired(lease) => lease,

@@ -9,12 +9,9 @@ use idem_core::{Claim, ClaimRequest, Completion, RecordId, Settled, StoreError, 
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Pool, Row};
 
-use crate::error::{is_deadlock, my_error};
+use crate::error::{DeadlockRetries, my_error};
 use crate::row;
 use crate::schema::Statements;
-
-/// How many times a claim that lost a deadlock is run again.
-pub(crate) const DEADLOCK_RETRIES: usize = 8;
 
 /// What the store's clones and its batchers share: the pool, the
 /// statements and the server's limits.
@@ -133,11 +130,11 @@ impl Inner {
         self.bounded("claiming", async {
             let mut conn = self.conn().await?;
             let params = claim_params(req);
-            let mut tries = 0;
+            let mut retries = DeadlockRetries::default();
             let row: Option<Row> = loop {
-                match conn.exec_first(&self.sql.claim, params).await {
-                    Err(e) if is_deadlock(&e) && tries < DEADLOCK_RETRIES => tries += 1,
-                    other => break other.map_err(|e| my_error("claiming", e))?,
+                let answer = conn.exec_first(&self.sql.claim, params).await;
+                if !retries.again(&answer) {
+                    break answer.map_err(|e| my_error("claiming", e))?;
                 }
             };
             row::claim_from_row(req, row.as_ref())

@@ -15,10 +15,10 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Pool, Row, TxOpts};
 
 use crate::batch::lost;
-use crate::error::{corrupt, is_deadlock, my_error};
+use crate::error::{DeadlockRetries, corrupt, my_error};
 use crate::row;
 use crate::schema::{self, Statements};
-use crate::single::{DEADLOCK_RETRIES, Inner, check_id};
+use crate::single::{Inner, check_id};
 use idem_core::batch::StoreBatchers;
 
 /// The MySQL or MariaDB store. Clones share one pool and one set of
@@ -197,9 +197,16 @@ impl Store for MysqlStore {
         Box::pin(async move {
             let mut conn = self.conn().await?;
             let limit = u64::try_from(limit).unwrap_or(u64::MAX);
-            conn.exec_drop(&self.inner.sql.purge, (now.as_millis(), limit))
-                .await
-                .map_err(|e| my_error("purging", e))?;
+            // One autocommitted DELETE: a deadlock victim deleted nothing.
+            let mut retries = DeadlockRetries::default();
+            loop {
+                let answer = conn
+                    .exec_drop(&self.inner.sql.purge, (now.as_millis(), limit))
+                    .await;
+                if !retries.again(&answer) {
+                    break answer.map_err(|e| my_error("purging", e))?;
+                }
+            }
             Ok(usize::try_from(conn.affected_rows()).unwrap_or(usize::MAX))
         })
     }
@@ -276,11 +283,11 @@ impl Store for MysqlStore {
     ) -> BoxFuture<'a, Result<Vec<EpochMark>, StoreError>> {
         Box::pin(async move {
             let mut conn = self.conn().await?;
-            let mut tries = 0;
+            let mut retries = DeadlockRetries::default();
             let (row, affected) = loop {
-                match advance_epoch_once(&mut conn, &self.inner.sql, candidate).await {
-                    Err(e) if is_deadlock(&e) && tries < DEADLOCK_RETRIES => tries += 1,
-                    other => break other.map_err(|e| my_error("advancing the epoch", e))?,
+                let answer = advance_epoch_once(&mut conn, &self.inner.sql, candidate).await;
+                if !retries.again(&answer) {
+                    break answer.map_err(|e| my_error("advancing the epoch", e))?;
                 }
             };
             let created = match affected {

@@ -805,3 +805,110 @@ fn claims_outlive_the_account_that_migrated() {
         let _ = migrated.drop_database().await;
     });
 }
+
+/// A purge the server chooses as a deadlock victim runs again and deletes
+/// what it was asked to, instead of answering the sweeper a store error.
+/// A session of the test's own holds the later of two expired records;
+/// the purge deletes the earlier and waits for the later; the session
+/// then reaches for the earlier. The session has written rows of its own,
+/// so the purge is the lighter transaction, the one InnoDB rolls back.
+#[test]
+fn a_purge_that_loses_a_deadlock_runs_again() {
+    use idem_testkit::{request, t0, unique_id};
+    let Some(url) = TestMysql::url() else { return };
+    rt().block_on(async {
+        let db = TestMysql::fresh(&url).await;
+        let store = db.store().clone();
+        let (first, second) = (unique_id("purged-first"), unique_id("purged-second"));
+        for (id, ttl) in [(&first, 1), (&second, 2)] {
+            let mut req = request(id, "{}", t0());
+            req.ttl = std::time::Duration::from_secs(ttl);
+            req.lease = std::time::Duration::from_secs(1);
+            let claim = store.claim(&req).await.unwrap();
+            assert!(matches!(claim, idem_core::Claim::Acquired(_)), "{claim:?}");
+        }
+        let now = t0() + std::time::Duration::from_secs(10);
+
+        let d = format!("`{}`", store.database());
+        let lock =
+            format!("SELECT 1 FROM {d}.idem_records WHERE scope = ? AND record_key = ? FOR UPDATE");
+        let mut session = store.conn().await.unwrap();
+        session
+            .query_drop(format!("CREATE TABLE {d}.ballast (n INT PRIMARY KEY)"))
+            .await
+            .unwrap();
+        let deadlocks_before = deadlocks(&mut session).await;
+        session.query_drop("START TRANSACTION").await.unwrap();
+        let ballast: Vec<String> = (0..64).map(|n| format!("({n})")).collect();
+        session
+            .query_drop(format!(
+                "INSERT INTO {d}.ballast VALUES {}",
+                ballast.join(",")
+            ))
+            .await
+            .unwrap();
+        session
+            .exec_drop(&lock, (second.scope.as_str(), second.key.as_str()))
+            .await
+            .unwrap();
+
+        let holder: Option<String> = session
+            .query_first(
+                "SELECT trx_id FROM information_schema.INNODB_TRX \
+                 WHERE trx_mysql_thread_id = CONNECTION_ID()",
+            )
+            .await
+            .unwrap();
+        let holder = holder.expect("the session's transaction");
+
+        let purging = store.clone();
+        let purge = tokio::spawn(async move { purging.purge_expired(now, 10).await });
+        // The purge has deleted `first` and waits on `second`, which only
+        // the session holds (other tests' waits on the server are not it).
+        let mut watcher = store.conn().await.unwrap();
+        let waiting = format!(
+            "SELECT COUNT(*) FROM information_schema.INNODB_LOCK_WAITS \
+             WHERE blocking_trx_id = '{holder}'"
+        );
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+        while watcher.query_first::<u64, _>(&waiting).await.unwrap() != Some(1) {
+            assert!(
+                tokio::time::Instant::now() < deadline && !purge.is_finished(),
+                "the purge never waited on the held record"
+            );
+            // InnoDB refreshes what these tables show only when they were
+            // last read more than 100 ms ago: a faster poll sees one
+            // picture for ever.
+            tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+        }
+
+        session
+            .exec_drop(&lock, (first.scope.as_str(), first.key.as_str()))
+            .await
+            .expect("the purge, not the heavier session, is the deadlock's victim");
+        session.query_drop("COMMIT").await.unwrap();
+
+        let purged = purge.await.unwrap();
+        assert_eq!(
+            purged.map_err(|e| e.to_string()),
+            Ok(2),
+            "the purge ran again after losing the deadlock"
+        );
+        // At least this one (tests running beside it may add theirs).
+        assert!(
+            deadlocks(&mut session).await > deadlocks_before,
+            "a deadlock happened"
+        );
+        assert!(store.get(&first, now).await.unwrap().is_none());
+        assert!(store.get(&second, now).await.unwrap().is_none());
+    });
+}
+
+/// The server's count of deadlocks it broke.
+async fn deadlocks(conn: &mut mysql_async::Conn) -> u64 {
+    let row: Option<(String, u64)> = conn
+        .query_first("SHOW GLOBAL STATUS LIKE 'Innodb_deadlocks'")
+        .await
+        .unwrap();
+    row.expect("Innodb_deadlocks").1
+}
