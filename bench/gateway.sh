@@ -268,9 +268,15 @@ gateway() {
     local port admin
     port="$(free_port)"; admin="$(free_port)"
     # The benchmark's Redis runs without appendonly, which idem serve
-    # refuses unless told to accept it.
+    # refuses unless told to accept it (builds older than that check,
+    # run through IDEM_BENCH_BIN, know no such flag).
     local accept=()
-    case "$store" in redis*) accept=(--accept-volatile-store) ;; esac
+    case "$store" in redis*)
+        if "$BIN" serve --help | grep -q -- --accept-volatile-store; then
+            accept=(--accept-volatile-store)
+        fi
+        ;;
+    esac
     "$BIN" serve --upstream "http://127.0.0.1:$UP" --store "$store" \
         --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" \
         --max-connections 4096 "${accept[@]}" >"$WORK/idem-$name.log" 2>&1 &
