@@ -29,7 +29,8 @@ pub(crate) fn my_error(context: &str, e: mysql_async::Error) -> StoreError {
     StoreError::new(kind, format!("mysql store: {context}")).with_source(e)
 }
 
-/// Whether `e` is a deadlock, which a claim retries.
+/// Whether `e` is a deadlock, which the claims, the epoch's advance and
+/// purge run again ([`DeadlockRetries`]).
 pub(crate) fn is_deadlock(e: &mysql_async::Error) -> bool {
     matches!(e, mysql_async::Error::Server(server) if server.code == 1213)
 }
@@ -126,7 +127,9 @@ mod tests {
             "the last deadlock is the answer"
         );
         // A lock wait timeout is not a deadlock: the server rolled back
-        // the statement, not the transaction, so it is never run again.
+        // the statement, not the transaction (with
+        // `innodb_rollback_on_timeout` off, the default), so it is never
+        // run again.
         assert_eq!(run(0, Err(1205)), (1, Err(1205)));
         assert_eq!(run(2, Err(1205)), (3, Err(1205)));
     }

@@ -54,8 +54,9 @@
 //!   keys take no gap locks, and with `innodb_lock_wait_timeout` set
 //!   ([`lock_wait_timeout`](MysqlStoreBuilder::lock_wait_timeout), 5 s):
 //!   a row another session holds fails the call with
-//!   [`StoreErrorKind::Unavailable`] instead of hanging it. A claim that
-//!   loses a deadlock is retried.
+//!   [`StoreErrorKind::Unavailable`] instead of hanging it. A claim, the
+//!   epoch's advance or a purge that loses a deadlock (rolled back whole
+//!   by the server) is run again, eight more times at most.
 //! - Purge deletes expired records in bounded batches (`ORDER BY
 //!   expires_at LIMIT n`).
 //! - The server's clock is not used: `now` comes from the caller.
