@@ -10,7 +10,11 @@
 # utime+stime the serving process spent (from /proc/PID/stat) over the
 # requests wrk completed. For the upstream and the hop rows that process is
 # the nginx worker, which serves the upstream too; for idem rows it is the
-# gateway alone (the upstream's own CPU is the first row's). A third nginx
+# gateway alone (the upstream's own CPU is the first row's). "machine
+# CPU" is every process's CPU a request over the row (/proc/stat, both
+# cores: wrk, the upstream and the store server included; under
+# IDEM_BENCH_PERF, perf's too), and "machine idle" the share of the two
+# cores nobody used: a row near 0% idle is bound by CPU. A third nginx
 # row, "nginx hop in a process of its own", is a diagnostic: the same
 # hop in a second nginx, which reaches the upstream across processes as the
 # gateway does; its CPU is that hop's alone. Ratios stay to the reference.
@@ -197,6 +201,13 @@ store_ticks() {
     done
 }
 TICK_US=$((1000000 / $(getconf CLK_TCK)))
+# The whole machine's CPU ticks, all cores, from /proc/stat: "busy idle"
+# (idle counts iowait). Over a row: every process's CPU a request (wrk,
+# the upstream, the gateway, the store server, the kernel's softirqs), and
+# how much of the two cores was left idle. A row that leaves none idle is
+# bound by CPU: its rate is at most the cores' time over the machine's CPU
+# a request.
+machine_ticks() { awk '$1 == "cpu" { print $2 + $3 + $4 + $7 + $8 + $9, $5 + $6 }' /proc/stat; }
 RUN_ID=$RANDOM
 
 # row NAME URL SCRIPT PID [STORE_PROCESS]
@@ -209,7 +220,8 @@ row() {
     wrk -t2 -c"$CONNS" -d1s -s "$lua" "$url" >/dev/null 2>&1 || true
     sed "s/RUN/$RUN_ID$RANDOM/" "$WORK/$script.lua" >"$lua"
     local before after out preempted_before preempted_after
-    local store_before="" store_after=""
+    local store_before="" store_after="" machine_before machine_after
+    machine_before="$(machine_ticks)"
     before="$(cpu_ticks "$pid")"
     preempted_before="$(preemptions "$pid")"
     [ -n "$store_process" ] && store_before="$(store_ticks "$store_process")"
@@ -237,6 +249,7 @@ row() {
     out="$(wrk -t2 -c"$CONNS" -d"${SECS}s" --latency -s "$lua" "$url")"
     for p in "${perfs[@]}"; do wait "$p" || true; done
     after="$(cpu_ticks "$pid")"
+    machine_after="$(machine_ticks)"
     preempted_after="$(preemptions "$pid")"
     [ -n "$store_process" ] && store_after="$(store_ticks "$store_process")"
     local rps reqs p99 non2xx
@@ -256,10 +269,14 @@ row() {
             'NR == FNR { b[$1] = $2; next } { n += $2 - b[$1] } END { printf "%d", n * t / (r > 0 ? r : 1) }' \
             <(printf '%s\n' "$store_before") <(printf '%s\n' "$store_after"))"
     fi
+    local machine_us idle_pct
+    read -r machine_us idle_pct < <(awk -v b="$machine_before" -v a="$machine_after" -v r="$reqs" -v t="$TICK_US" \
+        'BEGIN { split(b, x, " "); split(a, y, " "); busy = y[1] - x[1]; idle = y[2] - x[2];
+                 printf "%d %.0f\n", busy * t / (r > 0 ? r : 1), 100 * idle / (busy + idle > 0 ? busy + idle : 1) }')
     LAST_REQS="$reqs"
     if [ "${#perfs[@]}" -gt 0 ]; then echo "$reqs" >"$IDEM_BENCH_PERF/${store_process%%-*}.requests"; fi
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$ROUND" "$name" "$rps" "$p99" "$cpu_us" "${non2xx:-0}" "$preempted" "$store_us" >>"$WORK/rows.tsv"
-    printf 'bench: %-40s %10s req/s  p99 %-8s %5s us/req  store %s us/req  preempted %s/req  non-2xx %s\n' "$name" "$rps" "$p99" "$cpu_us" "$store_us" "$preempted" "${non2xx:-0}" >&2
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$ROUND" "$name" "$rps" "$p99" "$cpu_us" "${non2xx:-0}" "$preempted" "$store_us" "$machine_us" "$idle_pct" >>"$WORK/rows.tsv"
+    printf 'bench: %-40s %10s req/s  p99 %-8s %5s us/req  store %s us/req  machine %s us/req, %s%% idle  preempted %s/req  non-2xx %s\n' "$name" "$rps" "$p99" "$cpu_us" "$store_us" "$machine_us" "$idle_pct" "$preempted" "${non2xx:-0}" >&2
 }
 
 # gateway NAME STORE: starts `idem serve`, runs its rows, stops it.
@@ -398,11 +415,12 @@ import statistics, sys
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
 hops = {r[0]: float(r[2]) for r in rows if r[1] == "nginx proxy hop"}
 names, by_name = [], {}
-for rnd, name, rps, p99, cpu, bad, preempted, store in rows:
+for rnd, name, rps, p99, cpu, bad, preempted, store, machine, idle in rows:
     if name not in by_name:
         names.append(name)
         by_name[name] = []
-    by_name[name].append((rnd, float(rps), p99, int(cpu), int(bad), float(preempted), store))
+    by_name[name].append((rnd, float(rps), p99, int(cpu), int(bad), float(preempted), store,
+                          int(machine), int(idle)))
 
 def ms(p99):
     # wrk prints us, ms or s.
@@ -413,8 +431,8 @@ def ms(p99):
 
 rounds = int(sys.argv[4])
 print(f"wrk -t2 -c{sys.argv[2]}, {sys.argv[3]} s a row, {rounds} round(s), medians\n")
-print("| row | req/s | × nginx hop | p99 ms | CPU µs/request | store server CPU µs/request | preempted/request | non-2xx |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|")
+print("| row | req/s | × nginx hop | p99 ms | CPU µs/request | store server CPU µs/request | machine CPU µs/request | machine idle % | preempted/request | non-2xx |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for name in names:
     runs = by_name[name]
     ratios = [rps / hops[rnd] for rnd, rps, *_ in runs if hops.get(rnd)]
@@ -426,5 +444,7 @@ for name in names:
     preempted = statistics.median(r[5] for r in runs)
     stores = [int(r[6]) for r in runs if r[6] != "-"]
     store = f"{statistics.median(stores):.0f}" if stores else "-"
-    print(f"| {name} | {rps:,.0f} | {ratio} | {p99:.1f} | {cpu:.0f} | {store} | {preempted:.3f} | {bad} |")
+    machine = statistics.median(r[7] for r in runs)
+    idle = statistics.median(r[8] for r in runs)
+    print(f"| {name} | {rps:,.0f} | {ratio} | {p99:.1f} | {cpu:.0f} | {store} | {machine:.0f} | {idle:.0f} | {preempted:.3f} | {bad} |")
 EOF
