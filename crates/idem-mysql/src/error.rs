@@ -45,7 +45,7 @@ pub(crate) const DEADLOCK_RETRIES: usize = 8;
 /// anew for each try): nothing of a lost try remains, so running it again
 /// cannot do anything twice.
 ///
-/// ```ignore
+/// ```text
 /// let mut retries = DeadlockRetries::default();
 /// let answer = loop {
 ///     let answer = conn.exec_drop(&sql, params).await;
