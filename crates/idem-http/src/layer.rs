@@ -387,6 +387,17 @@ impl LayerHandle {
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.shared.store
     }
+
+    /// Whether the layer's new claims wait for its store watch: a store
+    /// call found the store unavailable and a running watch has not
+    /// checked the store's epoch since (the store may have come back
+    /// empty). Claims answer 503 `store-unavailable` until the check
+    /// passes, however well the store answers meanwhile; a readiness
+    /// probe that only reads the store would call the layer ready while
+    /// it refuses every new key. Without a running watch, never.
+    pub fn awaiting_store_check(&self) -> bool {
+        self.shared.loss_window.awaiting_check()
+    }
 }
 
 #[cfg(test)]

@@ -511,6 +511,10 @@ async fn a_read_while_claims_await_the_check_answers_unavailable_not_not_found()
     watch.check_once().await.unwrap();
     let stop = tokio_util::sync::CancellationToken::new();
     let running = watch.spawn(stop.clone());
+    assert!(
+        !handle.awaiting_store_check(),
+        "nothing met the store down yet"
+    );
     let (status, _) = read(
         svc.clone()
             .oneshot(post("/pay", "done-before-loss-01"))
@@ -539,6 +543,10 @@ async fn a_read_while_claims_await_the_check_answers_unavailable_not_not_found()
     )
     .await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(
+        handle.awaiting_store_check(),
+        "the handle says what gates them"
+    );
     // ...and so is a read of the forgotten record.
     let r = layer
         .read_path()

@@ -154,8 +154,11 @@ pub(crate) async fn serve(cfg: GatewayConfig) -> anyhow::Result<()> {
     // The library's error says what could not start.
     let running = gateway.start(listener, &shutdown).await?;
     // After the serving threads: `/healthz` answers once they run.
-    let admin = axum::serve(admin_listener, admin::router(store, prometheus))
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned());
+    let admin = axum::serve(
+        admin_listener,
+        admin::router(store, prometheus, handle.clone()),
+    )
+    .with_graceful_shutdown(shutdown.clone().cancelled_owned());
     tokio::spawn(async move {
         if let Err(e) = admin.await {
             tracing::error!(error = %e, "admin listener failed");
