@@ -242,11 +242,15 @@ impl StoreWatch {
                 // other failure (a missing right, a damaged epoch) is
                 // logged and alerted on, and gates nothing: the store
                 // answers, and a check that cannot succeed must not
-                // refuse every claim for ever.
+                // refuse every claim for ever. So it also settles the
+                // suspicions raised before it began, as a check that
+                // passes would (else one request that met the store down
+                // would gate every claim until a restart).
                 if e.is_unavailable() {
                     self.window.suspected.fetch_add(1, Ordering::SeqCst);
                 } else {
                     tracing::error!(error = %e, "the epoch check fails for a reason other than the store being down: losses of records cannot be noticed until it is fixed");
+                    self.window.checked.fetch_max(suspected, Ordering::SeqCst);
                 }
             })?;
         let (first, losses) = (!seen.has_seen(), seen.observe(&marks));

@@ -720,3 +720,67 @@ async fn a_check_failing_other_than_unavailable_does_not_refuse_claims() {
         store.calls(StoreOp::Claim)
     );
 }
+
+/// (b) A request meets the store down, and from then on every check fails
+/// for another reason (the store answers, but the role lacks rights on
+/// idem_epoch): the first such check settles the suspicion, and new keys
+/// execute again. Before, nothing settled it, and one request that met
+/// the store down refused every new claim until a restart.
+#[tokio::test]
+async fn a_check_failing_other_than_unavailable_settles_a_suspicion() {
+    let down = Arc::new(AtomicBool::new(false));
+    let is_down = down.clone();
+    let broken = Arc::new(AtomicBool::new(false));
+    let is_broken = broken.clone();
+    let store = Arc::new(FaultyStore::with_faults(
+        Arc::new(MemoryStore::new()),
+        move |call| match call.op {
+            StoreOp::Claim if is_down.load(Ordering::SeqCst) => Fault::Fail(unavailable()),
+            StoreOp::AdvanceEpoch if is_broken.load(Ordering::SeqCst) => {
+                Fault::Fail(StoreError::new(
+                    StoreErrorKind::Backend,
+                    "permission denied for table idem_epoch",
+                ))
+            }
+            _ => Fault::Pass,
+        },
+    ));
+    let layer = IdempotencyLayer::builder_shared(store.clone())
+        .route(RouteRule::post("/pay"))
+        .build();
+    let handle = layer.handle();
+    let seen = Arc::new(Seen::default());
+    let svc = layer.layer(service(seen.clone()));
+    let watch = handle.store_watch().interval(Duration::from_millis(50));
+    watch.check_once().await.unwrap();
+    broken.store(true, Ordering::SeqCst);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let running = watch.spawn(stop.clone());
+    until("the watch runs", || store.calls(StoreOp::AdvanceEpoch) > 1).await;
+
+    down.store(true, Ordering::SeqCst);
+    let (status, _) = read(
+        svc.clone()
+            .oneshot(post("/pay", "met-the-store-down"))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    down.store(false, Ordering::SeqCst);
+    until("a failing check settles the suspicion", || {
+        !handle.awaiting_store_check()
+    })
+    .await;
+    let (status, body) = read(
+        svc.clone()
+            .oneshot(post("/pay", "after-the-suspicion"))
+            .await
+            .unwrap(),
+    )
+    .await;
+    stop.cancel();
+    running.await.unwrap();
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(seen.executions.load(Ordering::SeqCst), 1);
+}

@@ -47,18 +47,12 @@ pub(crate) fn router(
 }
 
 /// Ready when the store answers a read within 2 s and new claims do not
-/// wait for the store's epoch check (after the store was met down, until
-/// the watch has checked that it did not come back empty: up to its
-/// interval, 1 s, after the store answers again).
+/// wait for the store's epoch check (after a request met the store down,
+/// until the watch has checked that it did not come back empty: about a
+/// check interval, 1 s, plus the store timeout once the store answers
+/// again). A store that does not answer is reported first, with its
+/// error.
 async fn ready(State(a): State<Admin>) -> (StatusCode, String) {
-    if a.layer.awaiting_store_check() {
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "store unavailable: new claims wait for the check of the store's epoch \
-             (the store was met down and is not yet checked since)\n"
-                .into(),
-        );
-    }
     let Ok(key) = Key::new("readiness-probe-0000") else {
         return (StatusCode::INTERNAL_SERVER_ERROR, "probe key\n".into());
     };
@@ -68,6 +62,12 @@ async fn ready(State(a): State<Admin>) -> (StatusCode, String) {
         key,
     );
     match tokio::time::timeout(Duration::from_secs(2), a.store.get(&id, Timestamp::now())).await {
+        Ok(Ok(_)) if a.layer.awaiting_store_check() => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store unavailable: new claims wait for the check of the store's epoch \
+             (the store was met down and is not yet checked since)\n"
+                .into(),
+        ),
         Ok(Ok(_)) => (StatusCode::OK, "ready\n".into()),
         Ok(Err(e)) => (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -112,8 +112,8 @@ mod tests {
     /// After a request met the store down, new claims wait for the
     /// watch's check of the store's epoch, however well the store answers
     /// meanwhile: `/readyz` says so (503) until the check passes, then
-    /// answers 200 again. The check is held at a door to keep the moment
-    /// open.
+    /// answers 200 again; while the store is down, it gives the store's
+    /// error. The check is held at a door to keep the moment open.
     #[tokio::test]
     async fn not_ready_while_new_claims_wait_for_the_stores_check() {
         let down = Arc::new(AtomicBool::new(false));
@@ -124,10 +124,9 @@ mod tests {
             Arc::new(MemoryStore::new()),
             move |call| match call.op {
                 StoreOp::AdvanceEpoch if call.nth > 0 => Fault::Hold(held.clone()),
-                StoreOp::Claim if is_down.load(Ordering::SeqCst) => Fault::Fail(StoreError::new(
-                    StoreErrorKind::Unavailable,
-                    "injected: down",
-                )),
+                StoreOp::Claim | StoreOp::Get if is_down.load(Ordering::SeqCst) => Fault::Fail(
+                    StoreError::new(StoreErrorKind::Unavailable, "injected: down"),
+                ),
                 _ => Fault::Pass,
             },
         ));
@@ -176,6 +175,10 @@ mod tests {
             .await
             .expect("an answer");
         assert_eq!(met_down.status(), StatusCode::SERVICE_UNAVAILABLE);
+        // While the store is down, that is what `/readyz` says.
+        let (status, body) = readyz(&admin).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        assert!(body.contains("injected: down"), "{body}");
         down.store(false, Ordering::SeqCst);
 
         // The store answers reads again; the check is held at the door.
